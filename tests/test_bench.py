@@ -1,0 +1,145 @@
+"""The efficiency benchmark harness: output schema, OOM / timeout / error results, skipping, slope fit.
+
+No timing assertions: the tests run tiny models in subprocesses and check what gets recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import pytest
+
+from chronomem import bench, registry
+
+# Tiny backbones registered in every worker through ``--plugin``; they misbehave only past 64 steps
+# (the worker's warm-up before the baseline uses the first 64 steps).
+PLUGIN = textwrap.dedent(
+    """
+    import time
+
+    import torch
+    from torch import nn
+
+    from chronomem.registry import MODELS
+
+
+    class Tiny(nn.Module):
+        def __init__(self, dim, kind):
+            super().__init__()
+            self.lin, self.kind, self.out_dim = nn.Linear(dim, dim), kind, dim
+
+        def forward(self, x, state=None, mask=None):
+            if x.shape[1] > 64:
+                if self.kind == "sleep":
+                    time.sleep(120)
+                if self.kind == "hog":  # 16 TB: the allocation fails
+                    torch.empty(2**42)
+                if self.kind == "grow":  # N * 128 KiB, touched: far above an 8 MB cap at N = 128
+                    x = x + torch.ones(x.shape[1] * 2**15).sum() * 0
+            return self.lin(x), None
+
+
+    for kind in ("tiny", "sleep", "hog", "grow"):
+        MODELS.setdefault(f"bench-{kind}", lambda dim, depth, num_heads, causal, kind=kind, **o: Tiny(dim, kind))
+    """
+)
+
+TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--threads", "1", "--repeats", "1", "--peer", "off"]
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    path = tmp_path / "plugin.py"
+    path.write_text(PLUGIN)
+    before = dict(registry.MODELS)
+    yield str(path)
+    registry.MODELS.clear()
+    registry.MODELS.update(before)
+
+
+def _points(out):
+    results = json.loads((out / "results.json").read_text())
+    return results, {(p["model"], p["n"], p["mode"]): p for p in results["points"]}
+
+
+def test_quick_schema(tmp_path, plugin):
+    out = tmp_path / "quick"
+    argv = ["--quick", "--models", "transformer", "bench-tiny", "not-a-model", "--lengths", "32", "96"]
+    assert bench.main([*argv, *TINY, "--plugin", plugin, "--out", str(out)]) == 0
+    results, points = _points(out)
+    assert {"config", "machine", "points", "slopes", "targets", "unavailable", "peers", "seconds"} <= set(results)
+    assert results["config"]["lengths"] == [32, 96] and results["config"]["quick"] is True
+    assert results["unavailable"] == ["not-a-model"]
+    assert points[("not-a-model", 32, "train")]["status"] == "unavailable"
+    for model in ("transformer", "bench-tiny"):
+        for n in (32, 96):
+            for mode in ("infer", "train"):
+                p = points[(model, n, mode)]
+                assert p["status"] == "ok", p
+                for key in ("seconds", "tokens_per_s", "peak_rss_mb", "baseline_rss_mb", "delta_rss_mb", "repeats"):
+                    assert isinstance(p[key], (int, float)) and p[key] >= 0, (key, p)
+                assert p["peak_rss_mb"] >= p["baseline_rss_mb"] > 0
+                assert math.isclose(p["tokens_per_s"], n / p["seconds"], rel_tol=1e-6)
+        fit = results["slopes"][model]["train"]["time"]
+        assert fit["range"] == [32, 96] and fit["points"] == 2 and math.isfinite(fit["slope"])
+    report = (out / "report.md").read_text()
+    assert "| transformer |" in report and "not-a-model" in report
+    assert (out / "time.png").stat().st_size > 0 and (out / "memory.png").stat().st_size > 0
+
+
+def test_oom_error_and_skip(tmp_path, plugin):
+    out = tmp_path / "oom"
+    argv = ["--models", "bench-hog", "bench-grow", "lstm", "--lengths", "32", "128", "256", "--mode", "train",
+            "--memory-cap-mb", "8", "--timeout", "60", "--model-opt", "lstm:no_such_option=1"]
+    assert bench.main([*argv, *TINY, "--plugin", plugin, "--out", str(out)]) == 0
+    _, points = _points(out)
+    for model in ("bench-hog", "bench-grow"):
+        assert points[(model, 32, "train")]["status"] == "ok"
+        assert points[(model, 128, "train")]["status"] == "OOM", points[(model, 128, "train")]
+        assert points[(model, 256, "train")]["status"] == "skipped"  # larger N after an OOM
+    assert "allocate" in points[("bench-hog", 128, "train")]["error"]  # caught inside the worker
+    assert points[("lstm", 32, "train")]["status"] == "error"  # a bad option is a result too
+    assert "no_such_option" in points[("lstm", 32, "train")]["error"]
+    assert points[("lstm", 128, "train")]["status"] == "skipped"
+
+
+def test_timeout_and_skip(tmp_path, plugin):
+    out = tmp_path / "timeout"
+    argv = ["--models", "bench-sleep", "--lengths", "128", "256", "--timeout", "6"]
+    assert bench.main([*argv, *TINY, "--plugin", plugin, "--out", str(out)]) == 0
+    results, points = _points(out)
+    for mode in ("infer", "train"):
+        assert points[("bench-sleep", 128, mode)]["status"] == "timeout"
+        assert points[("bench-sleep", 256, mode)]["status"] == "skipped"
+    assert results["slopes"]["bench-sleep"]["train"] == {"time": None, "memory": None}
+
+
+def test_fit_slope():
+    ns = [512, 1024, 2048, 4096, 8192]
+    fit = bench.fit_slope(ns, [3e-6 * n**2 for n in ns])
+    assert fit["slope"] == pytest.approx(2.0) and fit["range"] == [1024, 8192] and fit["points"] == 4
+    assert bench.fit_slope([256, 512], [1.0, 2.0])["slope"] == pytest.approx(1.0)  # fewer than 2 in range
+    assert bench.fit_slope([1024], [1.0]) is None
+    assert bench.fit_slope([1024, 2048], [0.0, 1.0]) is None  # non-positive values are left out
+
+
+def test_bad_arguments(capsys):
+    assert bench.main(["--dim", "30", "--heads", "4"]) == 2
+    assert "--heads must divide --dim" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--model-opt", "no-colon"])
+
+
+def test_peer_comparison_schema():
+    shape = bench.PeerShape(batch=1, queries=4, chunks=8, chunk_size=4, top_k=2, dim=16, heads=2)
+    result = bench.compare_peers(shape, repeats=1, warmup=0, threads=1, log=lambda line: None)
+    assert result["shape"]["chunks"] == 8 and "chronomem" in result["rows"]
+    assert set(result["rows"]) | set(result["unavailable"]) == set(bench.PEERS)
+    for name, row in result["rows"].items():
+        for mode in ("infer", "train"):
+            assert row[mode]["seconds"] > 0 and row[mode]["delta_rss_mb"] is not None
+            if name != "chronomem":
+                assert row[mode]["time_ratio"] > 0
+    assert bench.peer_report(result)[0].startswith("## HTMAttention")
