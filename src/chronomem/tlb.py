@@ -285,8 +285,11 @@ class TLB(nn.Module):
         return y, new_state
 
     def summary(self, y: Tensor, state: TLBState, mask: Tensor | None = None) -> Tensor:
-        """Classification readout (Sec. 4.3): mean over the N state vectors of ``LN(I_last)``."""
-        return self.norm_state(state.memory).mean(dim=1)
+        """Classification readout (Sec. 4.3): mean over the N state vectors of ``LN(I_last)``.
+
+        Rows marked fresh (just reset, not yet run) read the initial state ``I_0``."""
+        memory = torch.where(state.fresh[:, None, None], self.initial.to(state.memory.dtype), state.memory)
+        return self.norm_state(memory).mean(dim=1)
 
 
 @register_model("tlb")
