@@ -32,6 +32,8 @@ from chronomem.layers import (
     RecurrentState,
     SelfAttentionBlock,
     build_config,
+    check_dropout,
+    check_even_dim,
     check_heads,
     check_mask,
     check_positive,
@@ -51,16 +53,6 @@ __all__ = [
     "LSTM",
     "LSTMState",
 ]
-
-
-def _check_even_dim(dim: int) -> None:
-    if dim % 2:
-        raise ValueError(f"dim must be even (sinusoid encodings have sin and cos halves), got {dim}")
-
-
-def _check_dropout(p: float) -> None:
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout must be in [0, 1), got {p}")
 
 
 # ============================================================================================
@@ -95,9 +87,9 @@ class Transformer(nn.Module):
         super().__init__()
         cfg = self.config = build_config(self.Config, config, kwargs)
         check_heads(cfg.dim, cfg.num_heads)
-        _check_even_dim(cfg.dim)
+        check_even_dim(cfg.dim)
         check_positive(cfg.depth, "depth")
-        _check_dropout(cfg.dropout)
+        check_dropout(cfg.dropout)
         if cfg.max_len is not None:
             check_positive(cfg.max_len, "max_len")
         self.dim = self.out_dim = cfg.dim
@@ -172,7 +164,7 @@ class RelativeAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0):
         super().__init__()
         check_heads(dim, num_heads)
-        _check_even_dim(dim)
+        check_even_dim(dim)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.attn = MultiHeadAttention(dim, num_heads, dropout=dropout)
         self.to_r = nn.Linear(dim, dim, bias=False)  # W_{k,R}
@@ -308,11 +300,11 @@ class TransformerXL(nn.Module):
         super().__init__()
         cfg = self.config = build_config(self.Config, config, kwargs)
         check_heads(cfg.dim, cfg.num_heads)
-        _check_even_dim(cfg.dim)
+        check_even_dim(cfg.dim)
         check_positive(cfg.depth, "depth")
         check_positive(cfg.segment_len, "segment_len")
         check_positive(cfg.mem_len, "mem_len", minimum=0)
-        _check_dropout(cfg.dropout)
+        check_dropout(cfg.dropout)
         self.dim = self.out_dim = cfg.dim
         self.depth, self.segment_len, self.mem_len = cfg.depth, cfg.segment_len, cfg.mem_len
         self.causal = bool(cfg.causal)
@@ -412,7 +404,7 @@ class LSTM(nn.Module):
         check_positive(cfg.depth, "depth")
         if cfg.hidden is not None:
             check_positive(cfg.hidden, "hidden")
-        _check_dropout(cfg.dropout)
+        check_dropout(cfg.dropout)
         self.dim, self.depth = cfg.dim, cfg.depth
         self.hidden = self.out_dim = cfg.dim if cfg.hidden is None else cfg.hidden
         self.lstm = nn.LSTM(cfg.dim, self.hidden, num_layers=cfg.depth, batch_first=True,

@@ -61,6 +61,8 @@ from chronomem.layers import (
     RecurrentState,
     SelfAttentionBlock,
     build_config,
+    check_dropout,
+    check_even_dim,
     check_heads,
     check_mask,
     check_positive,
@@ -163,15 +165,13 @@ class BLRP(nn.Module):
         super().__init__()
         cfg = self.config = build_config(self.Config, config, kwargs)
         check_heads(cfg.dim, cfg.num_heads)
-        if cfg.dim % 2:
-            raise ValueError(f"dim must be even (sinusoid encodings have sin and cos halves), got {cfg.dim}")
+        check_even_dim(cfg.dim)
         check_positive(cfg.segment_size, "segment_size")
         check_positive(cfg.latent_size, "latent_size")
         check_positive(cfg.depth, "depth", minimum=0)
         if cfg.projection not in PROJECTIONS:
             raise ValueError(f"projection must be one of {PROJECTIONS}, got {cfg.projection!r}")
-        if not 0.0 <= cfg.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {cfg.dropout}")
+        check_dropout(cfg.dropout)
         self.dim = self.out_dim = cfg.dim
         self.segment_size, self.latent_size = cfg.segment_size, cfg.latent_size
         block = dict(ff_mult=cfg.ff_mult, dropout=cfg.dropout)

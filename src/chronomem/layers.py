@@ -73,6 +73,16 @@ def check_heads(dim: int, num_heads: int, name: str = "num_heads") -> None:
         raise ValueError(f"{name}={num_heads} must divide dim={dim}")
 
 
+def check_even_dim(dim: int, name: str = "dim") -> None:
+    if dim % 2:
+        raise ValueError(f"{name} must be even (sinusoid encodings have sin and cos halves), got {dim}")
+
+
+def check_dropout(p: float, name: str = "dropout") -> None:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
+
+
 def check_state_batch(state_batch: int, batch: int, name: str = "state") -> None:
     if state_batch != batch:
         raise ValueError(f"{name} was made for batch size {state_batch}, but the input has batch size {batch}")

@@ -61,6 +61,8 @@ from chronomem.layers import (
     RecurrentState,
     SelfAttentionBlock,
     build_config,
+    check_dropout,
+    check_even_dim,
     check_heads,
     check_mask,
     check_positive,
@@ -168,16 +170,14 @@ class TLB(nn.Module):
         super().__init__()
         cfg = self.config = build_config(self.Config, config, kwargs)
         check_heads(cfg.dim, cfg.num_heads)
-        if cfg.dim % 2:
-            raise ValueError(f"dim must be even (sinusoid encodings have sin and cos halves), got {cfg.dim}")
+        check_even_dim(cfg.dim)
         check_positive(cfg.chunk_size, "chunk_size")
         check_positive(cfg.num_state, "num_state")
         check_positive(cfg.self_per_cross, "self_per_cross", minimum=0)
         check_positive(cfg.depth, "depth")
         if cfg.truncate_every is not None:
             check_positive(cfg.truncate_every, "truncate_every")
-        if not 0.0 <= cfg.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {cfg.dropout}")
+        check_dropout(cfg.dropout)
         self.dim = self.out_dim = cfg.dim
         self.chunk_size, self.num_state, self.causal = cfg.chunk_size, cfg.num_state, bool(cfg.causal)
 
