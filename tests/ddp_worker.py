@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import save_file
 
 from chronomem.heads import Tagger
+from chronomem.layers import FeedForward
 from chronomem.tasks.copy import CopyTask
 from chronomem.train import TrainConfig, train
-from chronomem.layers import FeedForward
 
 
 class Backbone(torch.nn.Module):
@@ -31,7 +31,8 @@ def main(out: Path) -> None:
         save_file({k: v.clone() for k, v in model.state_dict().items()}, out / "rank0_init.safetensors")
     cfg = TrainConfig(steps=5, batch_size=4, lr=1e-2, progress=False, out=str(out / "run"), eval_examples=8)
     result = train(model, CopyTask(seq_len=4, copy_len=2), cfg)
-    save_file({k: v.detach().contiguous() for k, v in result.model.state_dict().items()}, out / f"rank{rank}.safetensors")
+    weights = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
+    save_file(weights, out / f"rank{rank}.safetensors")
 
 
 if __name__ == "__main__":

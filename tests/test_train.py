@@ -69,7 +69,8 @@ def test_resume_reaches_the_same_weights_and_loss(tmp_path, monkeypatch):
     torch.testing.assert_close(flat_weights(resumed.model), flat_weights(full.model), atol=1e-6, rtol=0)
     assert abs(resumed.metrics["loss"] - full.metrics["loss"]) < 1e-6
     last_train = [r for r in full.history if r["split"] == "train"][-1]
-    assert [r for r in resumed.history if r["split"] == "train"][-1]["loss"] == pytest.approx(last_train["loss"], abs=1e-6)
+    resumed_last = [r for r in resumed.history if r["split"] == "train"][-1]
+    assert resumed_last["loss"] == pytest.approx(last_train["loss"], abs=1e-6)
 
 
 def test_training_reduces_loss(tmp_path):

@@ -319,7 +319,8 @@ def _map_tensors(value: Any, fn) -> Any:
     if isinstance(value, list):
         return [_map_tensors(v, fn) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)})
+        fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **fields)
     return value
 
 

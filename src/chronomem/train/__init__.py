@@ -3,4 +3,6 @@
 from chronomem.train.checkpoint import CheckpointError, load_checkpoint
 from chronomem.train.loop import TrainConfig, TrainResult, build, evaluate, train, train_spec
 
-__all__ = ["CheckpointError", "TrainConfig", "TrainResult", "build", "evaluate", "load_checkpoint", "train", "train_spec"]
+__all__ = [
+    "CheckpointError", "TrainConfig", "TrainResult", "build", "evaluate", "load_checkpoint", "train", "train_spec"
+]

@@ -193,7 +193,8 @@ def train(
             row = {
                 "step": step, "split": "train", "loss": round(float(stats[0]), 5),
                 "accuracy": round(float(stats[1]), 3), "lr": scheduler.get_last_lr()[0],
-                "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)), "seconds": round(time.perf_counter() - t0, 2),
+                "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)),
+                "seconds": round(time.perf_counter() - t0, 2),
             }
             history.append(row)
             logger.log(row)
