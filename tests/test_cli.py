@@ -71,3 +71,52 @@ def test_run_writes_results_report_and_plot(tmp_path):
 def test_console_script_runs():
     proc = subprocess.run([sys.executable, "-m", "chronomem.cli", "list"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "models:" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "experiment, model",
+    [
+        ("copy-baselines", "lstm"),
+        ("ballet", "htm"),
+        ("pai", "htm"),
+        ("transfer-copy", "relevance-rnn"),
+        ("denoise", "mem-rnn"),
+        ("listops", "transformer"),
+        ("listops-length", "transformer"),
+    ],
+)
+def test_run_restricted_to_one_model(experiment, model, tmp_path, capsys):
+    out = tmp_path / experiment
+    assert main(["run", experiment, "--scale", "smoke", "--models", model, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["results"]) == [model]
+    assert list(results["config"]["models"]) == [model]
+    assert set(results["paper"]) <= {model}
+    table = capsys.readouterr().out
+    assert f"| {model} |" in table and table.count("\n| ") == 2  # header and the one model's row
+
+
+@pytest.mark.parametrize(
+    "experiment, valid",
+    [
+        ("copy-baselines", "lstm, transformer, transformer-xl"),
+        ("ballet", "htm, transformer-xl, lstm"),
+        ("pai", "htm, transformer"),
+        ("transfer-copy", "relevance-rnn, relevance-lstm, mem-rnn, lstm"),
+        ("denoise", "relevance-rnn, mem-rnn"),
+        ("listops", "transformer, tlb, blrp, transformer-xl"),
+        ("listops-length", "transformer, tlb, blrp, transformer-xl"),
+    ],
+)
+def test_run_unknown_model_fails_with_the_valid_ones(experiment, valid, tmp_path, capsys):
+    out = tmp_path / experiment
+    argv = ["run", experiment, "--scale", "smoke", "--models", "htm", "no-such-model", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'no-such-model'" in err and f"valid models: {valid}" in err
+    assert not (out / "results.json").exists() and not any(out.iterdir())  # nothing trained or written
+
+
+def test_tour_takes_no_model_list(tmp_path, capsys):
+    assert main(["run", "tour", "--scale", "smoke", "--models", "htm", "--out", str(tmp_path / "tour")]) == 2
+    assert "tour" in capsys.readouterr().err

@@ -83,7 +83,7 @@ def cmd_run(args) -> int:
 
     experiment = get_experiment(args.experiment)
     out = Path(args.out or f"runs/{args.experiment}")
-    results = run_experiment(experiment, args.scale, out, seed=args.seed)
+    results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models)
     print(f"\n{experiment.name} ({args.scale}): ours (paper) — {experiment.metric}\n")
     print(comparison_table(results["results"], results["paper"]))
     print(f"\n{results['seconds']:.0f} s; wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'results.png'}")
@@ -109,7 +109,8 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--dim", type=int, default=64)
     t.add_argument("--depth", type=int, default=2)
     t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--steps", type=int, default=None, help="training steps (default 1000; with --resume: the new total)")
+    t.add_argument("--steps", type=int, default=None,
+                   help="training steps (default 1000; with --resume: the new total)")
     t.add_argument("--batch-size", type=int, default=32)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--optimizer", default="adamw", choices=["adamw", "rmsprop"])
@@ -129,6 +130,8 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--scale", default="quick", choices=["smoke", "quick", "paper"])
     r.add_argument("--out", default=None, help="output directory (default runs/EXPERIMENT)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--models", nargs="+", metavar="NAME", default=None,
+                   help="run only these of the experiment's models (default: all of the scale's models)")
 
     sub.add_parser("bench", help="time and memory scaling benchmark (chronomem bench --help)", add_help=False)
     return parser

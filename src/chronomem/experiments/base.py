@@ -1,13 +1,14 @@
 """An experiment reproduces one paper table: configs per scale, the paper's numbers, and a runner.
 
-``Experiment.run(scale, out, seed)`` trains and evaluates, and returns::
+``Experiment.run(scale, out, seed, models=None)`` trains and evaluates the scale's models (or only the
+ones named in ``models``, checked with ``select_models``), and returns::
 
     {"results": {model: {setting: value}}, "config": {...}, "extra": {...optional...}}
 
 where a value is a number (accuracy in %, or what ``metric`` says) or a string such as ``"OOM"``.
 ``run_experiment`` adds the paper's numbers and the wall time, and writes ``OUT/results.json``
 (schema of DESIGN.md section 5), ``OUT/report.md`` (ours beside the paper's, cell by cell) and
-``OUT/results.png``.
+``OUT/results.png``. ``config["models"]`` names the models that ran.
 
 ``Experiment.tour(out, seed)`` (optional) is the experiment's entry in ``chronomem run tour``: the
 same return value at a budget of about three minutes per model on a 2-core CPU.
@@ -32,7 +33,7 @@ Table = dict[str, dict[str, Any]]
 class Experiment:
     name: str
     description: str
-    run: Callable[[str, Path, int], dict]
+    run: Callable[..., dict]  # run(scale, out, seed, models=None) -> dict
     paper: Table = field(default_factory=dict)
     metric: str = "test accuracy (%)"
     paper_source: str = ""
@@ -55,13 +56,32 @@ def _json_default(obj):
     return str(obj)
 
 
-def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0) -> dict:
+def select_models(available, models=None, experiment: str = "this experiment") -> tuple[str, ...]:
+    """The models an experiment runs: all of ``available`` if ``models`` is None, else the named ones
+    (in the order of ``available``). A name not in ``available`` raises ValueError listing the valid ones.
+    Every ``Experiment.run`` calls this before it trains anything."""
+    available = tuple(available)
+    if models is None:
+        return available
+    if isinstance(models, str):
+        models = (models,)
+    unknown = ", ".join(repr(m) for m in models if m not in available)
+    if unknown or not models:
+        raise ValueError(f"unknown model(s) {unknown or '(none given)'} for {experiment}; "
+                         f"valid models: {', '.join(available)}")
+    return tuple(m for m in available if m in models)
+
+
+def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0, models=None) -> dict:
+    """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs."""
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    produced = experiment.run(scale, out, seed)
+    produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models))
+    if models is not None and "paper" not in produced:  # compare with the paper's rows of these models only
+        produced["paper"] = {m: row for m, row in experiment.paper.items() if m in produced["results"]}
     return finish(experiment, scale, out, produced, time.perf_counter() - start, seed)
 
 
@@ -125,7 +145,8 @@ def report_markdown(experiment: Experiment, results: dict) -> str:
     if experiment.notes:
         parts += ["", experiment.notes]
     if results.get("extra"):
-        parts += ["", "## Extra measurements", "", "```json", json.dumps(results["extra"], indent=2, default=_json_default), "```"]
+        extra = json.dumps(results["extra"], indent=2, default=_json_default)
+        parts += ["", "## Extra measurements", "", "```json", extra, "```"]
     parts += ["", "## Config", "", "```json", json.dumps(results["config"], indent=2, default=_json_default), "```", ""]
     return "\n".join(parts)
 
@@ -187,6 +208,7 @@ def train_and_evaluate(model: str, task, model_options: dict, train_config, eval
     if eval_tasks:
         bs = train_config.eval_batch_size or train_config.batch_size
         row["eval"] = {
-            name: evaluate(result.model, t, bs, train_config.eval_examples)["accuracy"] for name, t in eval_tasks.items()
+            name: evaluate(result.model, t, bs, train_config.eval_examples)["accuracy"]
+            for name, t in eval_tasks.items()
         }
     return row

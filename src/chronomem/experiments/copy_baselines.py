@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, train_and_evaluate
+from chronomem.experiments.base import Experiment, select_models, train_and_evaluate
 from chronomem.registry import register_experiment
 from chronomem.tasks.copy import CopyTask
 from chronomem.train import TrainConfig
@@ -30,14 +30,14 @@ SCALES = {
 }
 
 
-def _run(scale: str, out: Path, seed: int) -> dict:
+def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
     s = SCALES[scale]
+    configs = {m: dict(MODELS[m]) for m in select_models(MODELS, models, "copy-baselines")}
+    if "transformer-xl" in configs and scale == "smoke":
+        configs["transformer-xl"].update(segment_len=8, mem_len=8)
     task = CopyTask(seq_len=s["seq_len"])
     results, extra = {}, {}
-    for model, options in MODELS.items():
-        options = dict(options)
-        if model == "transformer-xl" and scale == "smoke":
-            options.update(segment_len=8, mem_len=8)
+    for model, options in configs.items():
         cfg = TrainConfig(
             steps=s["steps"], batch_size=s["batch_size"], lr=1e-3, optimizer="adamw" if model != "lstm" else "rmsprop",
             clip=1.0, seed=seed, eval_examples=s["eval_examples"], time_budget=s["budget"], progress=False,
@@ -45,7 +45,7 @@ def _run(scale: str, out: Path, seed: int) -> dict:
         row = train_and_evaluate(model, task, options, cfg)
         results[model] = {f"T={s['seq_len']}": row["accuracy"]}
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
-    return {"results": results, "config": {"scale": s, "models": MODELS}, "extra": extra}
+    return {"results": results, "config": {"scale": s, "models": configs}, "extra": extra}
 
 
 COPY_BASELINES = register_experiment(

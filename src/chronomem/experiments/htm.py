@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, train_and_evaluate
+from chronomem.experiments.base import Experiment, select_models, train_and_evaluate
 from chronomem.registry import get_task, register_experiment
 from chronomem.train import TrainConfig
 
@@ -55,11 +55,10 @@ BALLET_SCALES = {
 }
 
 
-def _ballet(
-    scale: str, out: Path, seed: int, models: tuple[str, ...] = ("htm", "transformer-xl", "lstm")
-) -> dict:
+def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
     s = BALLET_SCALES[scale]
     configs = BALLET_MODELS["smoke" if scale == "smoke" else "paper" if scale == "paper" else "quick"]
+    models = select_models(configs, models, "ballet")
     results, extra = {}, {}
     for model in models:
         results[model], extra[model] = {}, {}
@@ -154,12 +153,12 @@ PAI_SCALES = {
 }
 
 
-def _pai(scale: str, out: Path, seed: int) -> dict:
+def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
     s = PAI_SCALES[scale]
     task = get_task("pai")(n_triplets=s["n_triplets"], item_dim=s["item_dim"])
     chunks = 2 * s["n_triplets"] + 1  # the pairs and the chunk of the two choices
     common = dict(dim=s["dim"], depth=s["depth"], num_heads=s["num_heads"], pooling="last")
-    models = {
+    configs = {
         "htm": dict(
             common,
             top_k=min(s["top_k"], chunks),
@@ -171,8 +170,9 @@ def _pai(scale: str, out: Path, seed: int) -> dict:
         ),
         "transformer": dict(common),
     }
+    configs = {m: configs[m] for m in select_models(configs, models, "pai")}
     results, extra = {}, {}
-    for model, options in models.items():
+    for model, options in configs.items():
         cfg = TrainConfig(
             steps=s["steps"],
             batch_size=s["batch_size"],
@@ -189,7 +189,7 @@ def _pai(scale: str, out: Path, seed: int) -> dict:
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
     return {
         "results": results,
-        "config": {"scale": s, "task": task.describe(), "models": models},
+        "config": {"scale": s, "task": task.describe(), "models": configs},
         "extra": extra,
     }
 

@@ -29,7 +29,7 @@ import json
 import statistics
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, train_and_evaluate
+from chronomem.experiments.base import Experiment, select_models, train_and_evaluate
 from chronomem.registry import names, register_experiment
 from chronomem.tasks.listops import ListOpsTask
 
@@ -109,11 +109,12 @@ def _available(model: str) -> bool:
     return model in names()["models"]
 
 
-def _train_all(scale: str, out: Path, seed: int, models=None) -> dict:
+def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
     s = SCALES[scale]
+    models = select_models(s["models"], models, "listops")
     task = make_task(scale, seed)
     results, extra = {}, {"per_seed": {}, "runs": {}}
-    for model in models or s["models"]:
+    for model in models:
         if not _available(model):
             results[model] = {"accuracy": "not available"}
             continue
@@ -132,7 +133,7 @@ def _train_all(scale: str, out: Path, seed: int, models=None) -> dict:
         if len(accuracies) > 1:
             extra.setdefault("std", {})[model] = statistics.stdev(accuracies)
     extra["data"] = describe_data(task)
-    config = {"scale": s, "task": task.describe(), "models": {m: model_options(m, s) for m in s["models"]},
+    config = {"scale": s, "task": task.describe(), "models": {m: model_options(m, s) for m in models},
               "optimizer": f"adamw lr {s['lr']} betas (0.9, 0.98) eps 1e-9, linear decay, clip 1.0"}
     return {"results": results, "config": config, "extra": extra}
 
@@ -151,8 +152,8 @@ def describe_data(task: ListOpsTask) -> dict:
     return info
 
 
-def _run_listops(scale: str, out: Path, seed: int) -> dict:
-    return _train_all(scale, out, seed)
+def _run_listops(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+    return _train_all(scale, out, seed, models)
 
 
 def _tour(out: Path, seed: int) -> dict:
@@ -164,8 +165,8 @@ def _tour(out: Path, seed: int) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def _trained_runs(listops_dir: Path, scale: str) -> dict[str, list[Path]] | None:
-    """``{model: [run dirs]}`` of a finished ``listops`` run at ``scale``, or ``None``."""
+def _trained_runs(listops_dir: Path, scale: str, models: tuple[str, ...]) -> dict[str, list[Path]] | None:
+    """``{model: [run dirs]}`` of ``models`` in a finished ``listops`` run at ``scale``, or ``None``."""
     results = listops_dir / "results.json"
     if not results.exists():
         return None
@@ -173,7 +174,7 @@ def _trained_runs(listops_dir: Path, scale: str) -> dict[str, list[Path]] | None
     if info.get("scale") != scale:
         return None
     runs: dict[str, list[Path]] = {}
-    for model in SCALES[scale]["models"]:
+    for model in models:
         dirs = sorted(p for p in (listops_dir / model).glob("seed*")
                       if (p / "checkpoints" / "latest").exists())
         if dirs:
@@ -211,16 +212,17 @@ def _mean(values: list) -> float | str:
     return strings[0] if strings else statistics.fmean(values)
 
 
-def _run_length(scale: str, out: Path, seed: int) -> dict:
+def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
     out = Path(out)
+    models = select_models(SCALES[scale]["models"], models, "listops-length")
     listops_dir = out.parent / "listops"
-    runs = _trained_runs(listops_dir, scale)
+    runs = _trained_runs(listops_dir, scale, models)
     source = str(listops_dir)
     if runs is None:  # train them here (same settings as the listops experiment)
-        trained = _train_all(scale, out / "listops", seed)
+        trained = _train_all(scale, out / "listops", seed, models)
         (out / "listops").mkdir(parents=True, exist_ok=True)
         (out / "listops" / "results.json").write_text(json.dumps({"scale": scale, **trained}, default=str))
-        runs = _trained_runs(out / "listops", scale) or {}
+        runs = _trained_runs(out / "listops", scale, models) or {}
         source = "trained here (no listops run at this scale in ../listops)"
     results, per_seed, kept = {}, {}, {}
     for model, dirs in runs.items():
@@ -230,7 +232,8 @@ def _run_length(scale: str, out: Path, seed: int) -> dict:
         x1, x4 = results[model]["x1"], results[model]["x4"]
         numbers = not isinstance(x1, str) and not isinstance(x4, str)
         kept[model] = round(x4 / max(x1, 1e-9), 3) if numbers else None
-    return {"results": results, "config": {"scale": SCALES[scale], "checkpoints": source, "factors": FACTORS},
+    config = {"scale": SCALES[scale], "models": list(runs), "checkpoints": source, "factors": FACTORS}
+    return {"results": results, "config": config,
             "extra": {"per_seed": per_seed, "x4_over_x1": kept}}
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment
+from chronomem.experiments.base import Experiment, select_models
 from chronomem.registry import register_experiment
 
 # --------------------------------------------------------------------------------------------
@@ -173,16 +173,17 @@ def _train(model: str, task, options: dict, s: dict, seed: int, eval_examples: i
 # --------------------------------------------------------------------------------------------
 
 
-def _run_transfer(s: dict, out: Path, seed: int) -> dict:
+def _run_transfer(s: dict, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
     import torch
 
     from chronomem.tasks.copy import CopyTask
 
     out = Path(out)
+    configs = {m: model_options(m, s["hidden"], nu=10, rho=15)
+               for m in select_models(s["models"], models, "transfer-copy")}
     train_task = CopyTask(seq_len=s["train_T"])
     results, peaks, info = {}, {}, {}
-    for model in s["models"]:
-        options = model_options(model, s["hidden"], nu=10, rho=15)
+    for model, options in configs.items():
         net, info[model] = _train(model, train_task, options, s, seed, eval_examples=16, out=None)
         weights = out / f"{model}.weights.pt"
         torch.save(net.state_dict(), weights)
@@ -209,7 +210,7 @@ def _run_transfer(s: dict, out: Path, seed: int) -> dict:
             info[model]["baseline_mb"] = answer["baseline_mb"]
         weights.unlink(missing_ok=True)
     config = {"scale": {k: (v if k != "eval" else {str(t): n for t, n in v.items()}) for k, v in s.items()},
-              "nu": 10, "rho": 15, **OPTIM}
+              "models": configs, "nu": 10, "rho": 15, **OPTIM}
     extra = {"peak_memory_mb": peaks, "runs": info,
              "memory_note": "peak resident memory (MB) of the evaluation subprocess, including the "
                             "interpreter and torch (see runs[model].baseline_mb); OOM = could not allocate "
@@ -221,7 +222,7 @@ TRANSFER = register_experiment(
     Experiment(
         name="transfer-copy",
         description="Transfer Copy: train on Copy at T=100, evaluate at longer T (paper 004 Table 1).",
-        run=lambda scale, out, seed: _run_transfer(TRANSFER_SCALES[scale], out, seed),
+        run=lambda scale, out, seed, models=None: _run_transfer(TRANSFER_SCALES[scale], out, seed, models),
         paper=PAPER_TRANSFER,
         metric="accuracy on the 10 copied symbols (%)",
         paper_source="paper 004 Table 1",
@@ -238,13 +239,14 @@ TRANSFER = register_experiment(
 # --------------------------------------------------------------------------------------------
 
 
-def _run_denoise(scale: str, out: Path, seed: int) -> dict:
+def _run_denoise(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
     from chronomem.tasks.denoise import DenoiseTask
 
     s = DENOISE_SCALES[scale]
+    configs = {m: model_options(m, s["hidden"], nu=15, rho=15)
+               for m in select_models(s["models"], models, "denoise")}
     results, peaks, info = {}, {}, {}
-    for model in s["models"]:
-        options = model_options(model, s["hidden"], nu=15, rho=15)
+    for model, options in configs.items():
         results[model], peaks[model], info[model] = {}, {}, {}
         oom = False
         for T in s["T"]:
@@ -260,7 +262,7 @@ def _run_denoise(scale: str, out: Path, seed: int) -> dict:
             _, row = _train(model, DenoiseTask(seq_len=T), options, s, seed, s["eval_examples"], out=None)
             results[model][key] = round(row.pop("train_T_accuracy"), 2)
             info[model][key] = row
-    config = {"scale": dict(s), "nu": 15, "rho": 15, **OPTIM}
+    config = {"scale": dict(s), "models": configs, "nu": 15, "rho": 15, **OPTIM}
     extra = {"peak_memory_mb": peaks, "runs": info,
              "memory_note": "peak resident memory (MB) of one training step (forward + backward) at each T "
                             "in a subprocess; OOM = could not allocate under cap_mb"}

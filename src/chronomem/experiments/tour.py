@@ -13,7 +13,10 @@ from chronomem.experiments.base import Experiment
 from chronomem.registry import EXPERIMENTS, register_experiment
 
 
-def _run(scale: str, out: Path, seed: int) -> dict:
+def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+    if models is not None:
+        raise ValueError("tour runs each experiment's own tour models and takes no model list; "
+                         "use `chronomem run EXPERIMENT --models ...` to choose models")
     results, paper, extra = {}, {}, {}
     for name in sorted(EXPERIMENTS):
         experiment = EXPERIMENTS[name]
