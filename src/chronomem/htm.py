@@ -413,14 +413,19 @@ class HTMAttention(nn.Module):
         # Within-chunk attention: K/V of every chunk projected once ...
         if self.position_encoding:
             contents = contents + self.slot_encoding.to(contents.dtype)  # positions on contents only
-        ck, cv = self.within.heads_kv(contents)  # [B, M, H, C, Dh]
+        # Laid out [B, M, 2, H, C, Dh] so that each chunk's K/V is one contiguous block: the gather
+        # below then copies whole blocks (a strided gather of the [B, M, H, C, Dh] head view is ~2x
+        # slower), and the gathered tensors are 4-D batches that SDPA's fused kernel accepts.
+        mha, C = self.within, contents.shape[2]
+        kv = mha.to_kv(contents).view(B, M, C, 2, mha.num_heads, mha.head_dim)
+        kv = kv.permute(0, 1, 3, 4, 2, 5).contiguous()
         # ... then gathered for each query's k chunks.
         b = torch.arange(B, device=queries.device)[:, None, None]
-        ck, cv = ck[b, top_idx], cv[b, top_idx]  # [B, Q, k, H, C, Dh]
-        slots = slot_valid[b, top_idx][:, :, :, None, None, :]  # [B, Q, k, 1, 1, C]
-        q = self.within.heads_q(queries[:, :, None, :])  # [B, Q, H, 1, Dh]: query = normed input itself
-        q = q[:, :, None].expand(B, Q, k, *q.shape[2:])
-        out = self.within.attend(q, ck, cv, mask=slots)[..., 0, :]  # MHA(LN(x), C_i): [B, Q, k, D]
+        ck, cv = kv[b, top_idx].flatten(0, 2).unbind(1)  # 2 x [B*Q*k, H, C, Dh]
+        slots = slot_valid[b, top_idx].flatten(0, 2)[:, None, None, :]  # [B*Q*k, 1, 1, C]
+        q = mha.heads_q(queries[:, :, None, :])  # [B, Q, H, 1, Dh]: query = normed input itself
+        q = q[:, :, None].expand(B, Q, k, *q.shape[2:]).reshape(B * Q * k, *q.shape[2:])
+        out = mha.attend(q, ck, cv, mask=slots).view(B, Q, k, D)  # MHA(LN(x), C_i) per selected chunk
         # Memory query result = sum_i R_i * MHA(normed input, C_i)   (Section 2)
         return (weights[..., None] * out).sum(2)
 
