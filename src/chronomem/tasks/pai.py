@@ -6,7 +6,7 @@ the two choices are ``C_j`` (the answer) and a foil ``C_k`` (k != j): the C item
 of the same episode, so both choices were seen in memory equally often and only the chain
 ``A_j -> B_j -> C_j`` tells them apart (the "indirect" query of MEMO).
 
-Items are random unit vectors drawn per episode (MEMO used ImageNet images through an embedding;
+Items are standard-normal random vectors drawn per episode (MEMO used ImageNet images through an embedding;
 HTM's paper embedded "all the input memories and probes using a single shared embedding layer").
 Nothing about an item can be learned across episodes: the task is pure memory.
 
