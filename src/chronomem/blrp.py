@@ -67,8 +67,8 @@ from chronomem.layers import (
     check_mask,
     check_positive,
     check_tensor,
-    pad_to_multiple,
     sinusoid_encoding,
+    split_chunks,
 )
 from chronomem.registry import register_model
 
@@ -197,16 +197,12 @@ class BLRP(nn.Module):
 
     def segments(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """``Theta_SELF`` on every segment at once: ``[B, T, t, D]`` and the segment mask ``[B, T, t]``."""
-        batch, _, dim = x.shape
-        t = self.segment_size
-        xp, m = pad_to_multiple(x, t, mask)
-        num_segments = xp.shape[1] // t
-        h = self.drop(xp.view(batch, num_segments, t, dim) + self.segment_encoding.to(x.dtype))
-        h = h.reshape(batch * num_segments, t, dim)
-        flat_mask = None if bool(m.all()) else m.reshape(batch * num_segments, t)
+        segments, m = split_chunks(x, self.segment_size, mask)
+        h = self.drop(segments + self.segment_encoding.to(x.dtype)).flatten(0, 1)  # [B * T, t, D]
+        flat_mask = None if bool(m.all()) else m.flatten(0, 1)
         for block in self.theta_self:
             h = block(h, key_mask=flat_mask)
-        return h.view(batch, num_segments, t, dim), m.view(batch, num_segments, t)
+        return h.view_as(segments), m
 
     def forward(self, x: Tensor, state=None, mask: Tensor | None = None) -> tuple[Tensor, BLRPLatents]:
         check_tensor(x, "x", 3, self.dim, "[B, N, dim]")

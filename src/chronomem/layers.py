@@ -112,6 +112,13 @@ def pad_to_multiple(x: Tensor, multiple: int, mask: Tensor | None = None) -> tup
     return x, mask
 
 
+def split_chunks(x: Tensor, size: int, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Cut ``x [B, N, D]`` into chunks ``[B, T, size, D]`` (the last one padded) with their mask ``[B, T, size]``."""
+    xp, m = pad_to_multiple(x, size, mask)
+    batch, n = xp.shape[:2]
+    return xp.view(batch, n // size, size, *xp.shape[2:]), m.view(batch, n // size, size)
+
+
 def masked_mean(x: Tensor, mask: Tensor | None, dim: int = 1) -> Tensor:
     """Mean of ``x`` over ``dim`` counting only positions where ``mask`` is True (zero if none)."""
     if mask is None:

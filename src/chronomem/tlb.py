@@ -68,8 +68,8 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
-    pad_to_multiple,
     sinusoid_encoding,
+    split_chunks,
 )
 from chronomem.registry import register_model
 
@@ -248,10 +248,9 @@ class TLB(nn.Module):
         K, D = self.chunk_size, self.dim
 
         # 1. Chunks of K (the last padded and masked), position encoding within the chunk.
-        xp, m = pad_to_multiple(x, K, given_mask)
-        num_chunks = xp.shape[1] // K
-        h = self.drop(xp.view(batch, num_chunks, K, D) + self.chunk_encoding.to(x.dtype))
-        m = m.view(batch, num_chunks, K)
+        h, m = split_chunks(x, K, given_mask)
+        num_chunks = h.shape[1]
+        h = self.drop(h + self.chunk_encoding.to(x.dtype))
         any_padding = not bool(m.all())
 
         # 2a. Fast path: the self-attention layers before the first cross-attention do not depend on
