@@ -16,30 +16,33 @@ torch.set_num_threads(1)
 # ------------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def naive_read(attn: HTMAttention, queries, keys, contents, slot_valid, valid, mask=None):
+    """The literal read: per query, rank the chunks, then ``sum_i R_i * MHA(x, C_i)`` with the plain
+    ``MultiHeadAttention`` on each selected chunk (K/V projected per chunk, as in the released module)."""
     B, Q, D = queries.shape
     M, C = contents.shape[1], contents.shape[2]
     pe = sinusoid_encoding(C, D, reverse=True)
-    out = torch.zeros(B, Q, D)
+    rows = []
     for b in range(B):
         for q in range(Q):
             x = queries[b, q]
+            read = torch.zeros(D)
             scored = []
             for m in range(M):
                 seen = bool(valid[b, m]) and (mask is None or bool(mask[b, q, m]))
-                r = float(attn.to_query(x) @ attn.to_key(keys[b, m])) / math.sqrt(D)
+                r = float((attn.to_query(x) @ attn.to_key(keys[b, m])).detach()) / math.sqrt(D)
                 scored.append((r if seen else -1e9, seen, m))
             scored.sort(key=lambda t: -t[0])
             top = [t for t in scored[: attn.top_k] if t[1]]
-            if not top:
-                continue  # no visible chunk: a zero read
-            w = torch.softmax(torch.tensor([t[0] for t in top]), 0)
-            for wi, (_, _, m) in zip(w, top, strict=True):
-                chunk = (contents[b, m] + pe)[None]  # [1, C, D]
-                y = attn.within(x[None, None], chunk, key_mask=slot_valid[b, m][None])
-                out[b, q] += wi * y[0, 0]
-    return out
+            if top:  # else: no visible chunk, a zero read
+                logits = torch.stack([attn.to_query(x) @ attn.to_key(keys[b, m]) for *_, m in top]) / math.sqrt(D)
+                w = torch.softmax(logits, 0)
+                for wi, (_, _, m) in zip(w, top, strict=True):
+                    chunk = (contents[b, m] + pe)[None]  # [1, C, D]
+                    y = attn.within(x[None, None], chunk, key_mask=slot_valid[b, m][None])
+                    read = read + wi * y[0, 0]
+            rows.append(read)
+    return torch.stack(rows).view(B, Q, D)
 
 
 def random_memory(B=2, M=6, C=4, D=8, seed=0):
@@ -73,13 +76,35 @@ def test_attention_matches_naive_reference(top_k):
     mask = torch.rand(B, Q, M) > 0.3
     mask[0, 2] = False  # a query that may read nothing
     got = attn(queries, as_memory(keys, contents, slot_valid, valid), mask)
-    want = naive_read(attn, queries, keys, contents, slot_valid, valid, mask)
+    with torch.no_grad():
+        want = naive_read(attn, queries, keys, contents, slot_valid, valid, mask)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     assert got[0, 2].abs().max() == 0  # no visible chunk -> zeros
     got_nomask = attn(queries, as_memory(keys, contents, slot_valid, valid))
     torch.testing.assert_close(
         got_nomask, naive_read(attn, queries, keys, contents, slot_valid, valid), atol=1e-5, rtol=1e-4
     )
+
+
+def test_gradients_match_naive_reference():
+    """The fast read moves the K/V projections onto the query side; parameter and query gradients
+    must still equal those of the literal per-chunk read (float64, so only rounding differs)."""
+    torch.manual_seed(4)
+    B, M, C, D, Q = 2, 6, 4, 8, 5
+    attn = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C).double()
+    keys, contents, slot_valid, valid = (t.double() if t.is_floating_point() else t for t in random_memory(B, M, C, D))
+    queries = torch.randn(B, Q, D, dtype=torch.float64)
+    mask = torch.rand(B, Q, M) > 0.3
+    grads = []
+    for read in (lambda q: attn(q, as_memory(keys, contents, slot_valid, valid), mask),
+                 lambda q: naive_read(attn, q, keys, contents, slot_valid, valid, mask)):
+        attn.zero_grad()
+        q = queries.clone().requires_grad_(True)
+        (read(q) * torch.linspace(-1, 1, D, dtype=torch.float64)).sum().backward()
+        grads.append([q.grad] + [p.grad.clone() for p in attn.parameters()])
+    for got, want in zip(*grads, strict=True):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
 
 
 def test_permuting_chunks_leaves_read_unchanged_when_k_equals_m():

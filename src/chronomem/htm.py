@@ -30,6 +30,11 @@ Deliberate differences from the released module (documented improvements):
   partial chunk keep the encodings they would have had in a full chunk;
 * ``top_k`` larger than the memory is an error, not a silent failure.
 
+One speed-up changes the order of computation, not the function: ``HTMAttention`` computes the
+within-chunk attention in content space (key projection moved onto the query, value and output
+projections applied after the k chunks are mixed), so it gathers only detached chunk contents. On a
+CPU this made a supervised-Ballet training step 3x faster than gathering projected keys/values.
+
 Visibility rule (what makes step-by-step, window-by-window and whole-sequence runs agree): a query
 at time t (steps since the stream or episode began)
 
@@ -52,6 +57,7 @@ import math
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from chronomem.layers import (
@@ -331,8 +337,14 @@ class HTMAttention(nn.Module):
     """``read = attn(queries [B, Q, D], memory, mask=None) -> [B, Q, D]``.
 
     ``queries`` are the normed inputs (the layer applies the LayerNorm). ``mask [B, Q, M]`` hides
-    chunks per query (True = may read). Cost: relevance O(Q*M), detail O(Q*k*C); the keys/values of
-    each chunk are projected once and gathered for the selected chunks.
+    chunks per query (True = may read). Cost: relevance O(Q*M), detail O(Q*k*C).
+
+    Speed-up (same function, a different order of the linear maps): the within-chunk attention is
+    computed in content space. Instead of projecting every chunk to keys/values and gathering them
+    per query (a gathered tensor that needs a gradient), the key projection is applied to the query
+    and the value/output projections after the k chunks are mixed, so only the detached contents of
+    the selected chunks are gathered. ``tests/test_htm.py`` checks outputs and gradients against the
+    per-chunk loop with the plain ``MultiHeadAttention``.
     """
 
     def __init__(
@@ -410,24 +422,44 @@ class HTMAttention(nn.Module):
         weights = torch.softmax(top_logits.masked_fill(~top_visible, float("-inf")), dim=-1)
         weights = torch.where(top_visible, weights, torch.zeros_like(weights))  # also clears NaN rows
 
-        # Within-chunk attention: K/V of every chunk projected once ...
+        # Within-chunk attention MHA(LN(x), C_i), computed in content space. The released module
+        # projects every chunk to K/V and attends per selected chunk; that is linear in the
+        # contents, so we move the key and value projections onto the query side instead:
+        #   score_h(x, c) = (W_q^h x + b_q^h) . (W_k^h c + b_k^h) / sqrt(Dh)
+        #                 = q~_h . c + (a term constant over the chunk, which the softmax cancels),
+        #                   with q~_h = (W_k^h)^T (W_q^h x + b_q^h) / sqrt(Dh);
+        #   MHA(x, C_i) = W_o concat_h[W_v^h (sum_s p_hs c_s) + b_v^h] + b_o,
+        # and the sum over the k chunks weighted by R_i is taken before W_v and W_o. The result is
+        # the same function (tested against the per-chunk loop), but only the detached contents
+        # are gathered: no gathered tensor needs a gradient, and there is no [Q*k, C] attention
+        # call per query. The within-chunk scores are [B, Q, H, k*C], a few per selected slot.
         if self.position_encoding:
             contents = contents + self.slot_encoding.to(contents.dtype)  # positions on contents only
-        # Laid out [B, M, 2, H, C, Dh] so that each chunk's K/V is one contiguous block: the gather
-        # below then copies whole blocks (a strided gather of the [B, M, H, C, Dh] head view is ~2x
-        # slower), and the gathered tensors are 4-D batches that SDPA's fused kernel accepts.
         mha, C = self.within, contents.shape[2]
-        kv = mha.to_kv(contents).view(B, M, C, 2, mha.num_heads, mha.head_dim)
-        kv = kv.permute(0, 1, 3, 4, 2, 5).contiguous()
-        # ... then gathered for each query's k chunks.
-        b = torch.arange(B, device=queries.device)[:, None, None]
-        ck, cv = kv[b, top_idx].flatten(0, 2).unbind(1)  # 2 x [B*Q*k, H, C, Dh]
-        slots = slot_valid[b, top_idx].flatten(0, 2)[:, None, None, :]  # [B*Q*k, 1, 1, C]
-        q = mha.heads_q(queries[:, :, None, :])  # [B, Q, H, 1, Dh]: query = normed input itself
-        q = q[:, :, None].expand(B, Q, k, *q.shape[2:]).reshape(B * Q * k, *q.shape[2:])
-        out = mha.attend(q, ck, cv, mask=slots).view(B, Q, k, D)  # MHA(LN(x), C_i) per selected chunk
-        # Memory query result = sum_i R_i * MHA(normed input, C_i)   (Section 2)
-        return (weights[..., None] * out).sum(2)
+        H, Dh = mha.num_heads, mha.head_dim
+        w_k, w_v = mha.to_kv.weight.view(2, H, Dh, D).unbind(0)  # [H, Dh, D] each
+        q = mha.to_q(queries).view(B, Q, H, Dh)  # the query is the normed input itself
+        q_content = torch.einsum("bqhe,hed->bqhd", q, w_k) / math.sqrt(Dh)  # q~ [B, Q, H, D]
+        # The selected chunks, gathered once: [B*Q, k*C, D] (and their slot masks).
+        rows = (torch.arange(B, device=queries.device)[:, None, None] * M + top_idx).flatten()
+        chunks = contents.reshape(B * M, C * D).index_select(0, rows).view(B * Q, k * C, D)
+        slots = slot_valid.reshape(B * M, C).index_select(0, rows).view(B, Q, 1, k, C)
+        scores = torch.bmm(q_content.view(B * Q, H, D), chunks.transpose(1, 2)).view(B, Q, H, k, C)
+        # Softmax within each chunk over its stored slots (a finite fill: an empty chunk, which
+        # only an invalid chunk can be, gets uniform weights and then R_i = 0).
+        p = torch.softmax(scores.masked_fill(~slots, NEG), dim=-1)
+        if mha.dropout and self.training:
+            p = F.dropout(p, mha.dropout)
+        # Memory query result = sum_i R_i * MHA(LN(x), C_i)   (Section 2), mixed before W_v, W_o
+        mixed = torch.bmm((p * weights[:, :, None, :, None]).view(B * Q, H, k * C), chunks)  # [B*Q, H, D]
+        heads = torch.einsum("nhd,hed->nhe", mixed, w_v).reshape(B, Q, D)
+        total = weights.sum(-1, keepdim=True)  # sum_i R_i: 1, or 0 for a query with no visible chunk
+        if mha.to_kv.bias is not None:
+            heads = heads + mha.to_kv.bias[D:] * total  # b_v, weighted like the chunks
+        out = F.linear(heads, mha.to_out.weight)
+        if mha.to_out.bias is not None:
+            out = out + mha.to_out.bias * total  # b_o, weighted like the chunks
+        return out
 
 
 # =============================================================================================
