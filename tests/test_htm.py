@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import chronomem.htm as htm
 from chronomem.htm import HierarchicalMemory, HTMAttention, HTMTransformer
 from chronomem.layers import sinusoid_encoding
 
@@ -105,6 +106,33 @@ def test_gradients_match_naive_reference():
     for got, want in zip(*grads, strict=True):
         assert want.abs().max() > 0
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("rows_per_block", [1, 3, 1000])
+def test_blockwise_mix_matches_plain_autograd(rows_per_block, monkeypatch):
+    """``mix_selected_chunks`` (blocks of queries, a backward that gathers again) == plain autograd,
+    values and gradients, whatever the block size; and it passes gradcheck."""
+    g = torch.Generator().manual_seed(5)
+    N, H, k, C, D, R = 7, 2, 3, 4, 6, 5
+    table = torch.randn(R, C, D, generator=g, dtype=torch.float64)
+    slot_table = torch.rand(R, C, generator=g) > 0.3
+    slot_table[:, -1] = True
+    slot_table[2] = False  # an empty (invalid) chunk: read with weight 0
+    rows = torch.randint(R, (N, k), generator=g)
+    q = torch.randn(N, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = torch.softmax(torch.randn(N, k, generator=g, dtype=torch.float64), -1)
+    weights = torch.where(rows == 2, 0.0, weights).requires_grad_(True)
+    monkeypatch.setattr(htm, "BLOCK_BYTES", rows_per_block * k * C * D * 8)
+    upstream = torch.randn(N, H, D, generator=g, dtype=torch.float64)
+    got = htm.mix_selected_chunks(q, weights, table, slot_table, rows)
+    want = htm._mix_selected_chunks_autograd(q, weights, table, slot_table, rows)
+    torch.testing.assert_close(got, want)
+    grads_got = torch.autograd.grad((got * upstream).sum(), (q, weights))
+    grads_want = torch.autograd.grad((want * upstream).sum(), (q, weights))
+    for a, b in zip(grads_got, grads_want, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda q, w: htm.mix_selected_chunks(q, w, table, slot_table, rows), (q, weights))
 
 
 def test_permuting_chunks_leaves_read_unchanged_when_k_equals_m():

@@ -329,6 +329,103 @@ def _prefix_lengths(mask: Tensor | None, batch: int, n: int, device) -> Tensor:
 
 
 # =============================================================================================
+# The inner loop of the read: score the slots of each query's k chunks, mix them
+# =============================================================================================
+
+# Rows of queries per block in ``mix_selected_chunks``: the gathered slots of a block take about this
+# many bytes. Small enough that the allocator reuses the buffer (a fresh multi-MB allocation per call
+# costs page faults that, on a CPU, take longer than the copy itself).
+BLOCK_BYTES = 8 * 2**20
+
+
+def _mix_block(q: Tensor, weights: Tensor, chunks: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    """One block: ``q [n, H, D]``, ``weights [n, k]``, ``chunks [n, k, C, D]``, ``slots [n, k, C]`` ->
+    the within-chunk softmax ``p [n, H, k, C]`` and ``mixed [n, H, D] = sum_{i,s} R_i p_is c_is``."""
+    n, k, C, D = chunks.shape
+    flat = chunks.view(n, k * C, D)
+    scores = torch.bmm(q, flat.transpose(1, 2)).view(n, -1, k, C)
+    # Softmax within each chunk over its stored slots (a finite fill: an empty chunk, which only an
+    # invalid chunk can be, gets uniform weights and then R_i = 0).
+    p = torch.softmax(scores.masked_fill(~slots[:, None], NEG), dim=-1)
+    mixed = torch.bmm((p * weights[:, None, :, None]).view(n, -1, k * C), flat)
+    return p, mixed
+
+
+def _mix_selected_chunks_autograd(q, weights, table, slot_table, rows, dropout: float = 0.0) -> Tensor:
+    """Reference of ``mix_selected_chunks`` in plain autograd (one block; saves the gathered chunks).
+    Used with attention dropout, and by the tests."""
+    n, k = rows.shape
+    flat_rows = rows.flatten()
+    chunks = table.index_select(0, flat_rows).view(n, k, *table.shape[1:])
+    slots = slot_table.index_select(0, flat_rows).view(n, k, -1)
+    if not dropout:
+        return _mix_block(q, weights, chunks, slots)[1]
+    scores = torch.einsum("nhd,nkcd->nhkc", q, chunks)
+    p = F.dropout(torch.softmax(scores.masked_fill(~slots[:, None], NEG), dim=-1), dropout)
+    return torch.einsum("nhkc,nkcd->nhd", p * weights[:, None, :, None], chunks)
+
+
+class _MixSelectedChunks(torch.autograd.Function):
+    """Blockwise forward, and a backward that gathers the chunks again instead of saving them.
+
+    Saves only the within-chunk softmax ``p [N, H, k, C]`` (a few numbers per selected slot), not the
+    gathered contents ``[N, k, C, D]``: memory stays O(N*k*C*H) and the gather buffers are small and
+    reused. ``table`` (the detached chunk contents) gets no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, q, weights, table, slot_table, rows, block):
+        N, H, D = q.shape
+        k = rows.shape[1]
+        C = table.shape[1]
+        p = q.new_empty(N, H, k, C)
+        mixed = q.new_empty(N, H, D)
+        for start in range(0, N, block):
+            end = min(N, start + block)
+            r = rows[start:end].flatten()
+            chunks = table.index_select(0, r).view(end - start, k, C, D)
+            slots = slot_table.index_select(0, r).view(end - start, k, C)
+            p[start:end], mixed[start:end] = _mix_block(q[start:end], weights[start:end], chunks, slots)
+        ctx.save_for_backward(q, weights, table, rows, p)
+        ctx.block = block
+        return mixed
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_mixed):
+        q, weights, table, rows, p = ctx.saved_tensors
+        N, H, k, C = p.shape
+        D = q.shape[-1]
+        grad_q, grad_w = torch.empty_like(q), torch.empty_like(weights)
+        for start in range(0, N, ctx.block):
+            end = min(N, start + ctx.block)
+            n = end - start
+            flat = table.index_select(0, rows[start:end].flatten()).view(n, k * C, D)
+            pb, wb = p[start:end], weights[start:end][:, None, :, None]
+            # mixed = sum_{i,s} a_is c_is with a = R_i p_is
+            grad_a = torch.bmm(grad_mixed[start:end], flat.transpose(1, 2)).view(n, H, k, C)
+            grad_w[start:end] = (grad_a * pb).sum((1, 3))
+            grad_p = grad_a * wb
+            grad_scores = pb * (grad_p - (grad_p * pb).sum(-1, keepdim=True))  # softmax backward
+            grad_q[start:end] = torch.bmm(grad_scores.view(n, H, k * C), flat)
+        return grad_q, grad_w, None, None, None, None
+
+
+def mix_selected_chunks(q: Tensor, weights: Tensor, table: Tensor, slot_table: Tensor, rows: Tensor) -> Tensor:
+    """``mixed[n, h] = sum_i weights[n, i] sum_s p[n, h, i, s] table[rows[n, i], s]`` with
+    ``p = softmax_s(q[n, h] . table[rows[n, i], s])`` over the valid slots (``slot_table``).
+
+    ``q [N, H, D]`` (content-space queries), ``weights [N, k]`` (``R_i``), ``table [R, C, D]`` (detached
+    chunk contents), ``slot_table [R, C]``, ``rows [N, k]`` (each query's chunks). Runs in blocks of
+    queries with a recomputing backward (``_MixSelectedChunks``); equals
+    ``_mix_selected_chunks_autograd`` (tested).
+    """
+    k, C, D = rows.shape[1], table.shape[1], table.shape[2]
+    block = max(1, BLOCK_BYTES // (k * C * D * table.element_size()))
+    return _MixSelectedChunks.apply(q, weights, table.detach(), slot_table, rows, block)
+
+
+# =============================================================================================
 # 2. The hierarchical read (Section 2)
 # =============================================================================================
 
@@ -440,18 +537,19 @@ class HTMAttention(nn.Module):
         w_k, w_v = mha.to_kv.weight.view(2, H, Dh, D).unbind(0)  # [H, Dh, D] each
         q = mha.to_q(queries).view(B, Q, H, Dh)  # the query is the normed input itself
         q_content = torch.einsum("bqhe,hed->bqhd", q, w_k) / math.sqrt(Dh)  # q~ [B, Q, H, D]
-        # The selected chunks, gathered once: [B*Q, k*C, D] (and their slot masks).
-        rows = (torch.arange(B, device=queries.device)[:, None, None] * M + top_idx).flatten()
-        chunks = contents.reshape(B * M, C * D).index_select(0, rows).view(B * Q, k * C, D)
-        slots = slot_valid.reshape(B * M, C).index_select(0, rows).view(B, Q, 1, k, C)
-        scores = torch.bmm(q_content.view(B * Q, H, D), chunks.transpose(1, 2)).view(B, Q, H, k, C)
-        # Softmax within each chunk over its stored slots (a finite fill: an empty chunk, which
-        # only an invalid chunk can be, gets uniform weights and then R_i = 0).
-        p = torch.softmax(scores.masked_fill(~slots, NEG), dim=-1)
-        if mha.dropout and self.training:
-            p = F.dropout(p, mha.dropout)
         # Memory query result = sum_i R_i * MHA(LN(x), C_i)   (Section 2), mixed before W_v, W_o
-        mixed = torch.bmm((p * weights[:, :, None, :, None]).view(B * Q, H, k * C), chunks)  # [B*Q, H, D]
+        rows = torch.arange(B, device=queries.device)[:, None, None] * M + top_idx  # [B, Q, k] into B*M
+        args = (
+            q_content.reshape(B * Q, H, D),
+            weights.reshape(B * Q, k),
+            contents.reshape(B * M, C, D),
+            slot_valid.reshape(B * M, C),
+            rows.view(B * Q, k),
+        )
+        if self.training and mha.dropout:  # dropout on the within-chunk attention: the plain autograd path
+            mixed = _mix_selected_chunks_autograd(*args, dropout=mha.dropout)
+        else:
+            mixed = mix_selected_chunks(*args)  # [B*Q, H, D]
         heads = torch.einsum("nhd,hed->nhe", mixed, w_v).reshape(B, Q, D)
         total = weights.sum(-1, keepdim=True)  # sum_i R_i: 1, or 0 for a query with no visible chunk
         if mha.to_kv.bias is not None:

@@ -77,9 +77,15 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     out = Path(out)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models))
+    try:
+        produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models))
+    except Exception:
+        if created and not any(out.iterdir()):  # e.g. an unknown --models name: leave no empty directory
+            out.rmdir()
+        raise
     if models is not None and "paper" not in produced:  # compare with the paper's rows of these models only
         produced["paper"] = {m: row for m, row in experiment.paper.items() if m in produced["results"]}
     return finish(experiment, scale, out, produced, time.perf_counter() - start, seed)
