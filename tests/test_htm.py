@@ -135,6 +135,24 @@ def test_blockwise_mix_matches_plain_autograd(rows_per_block, monkeypatch):
     assert torch.autograd.gradcheck(lambda q, w: htm.mix_selected_chunks(q, w, table, slot_table, rows), (q, weights))
 
 
+def test_attention_dropout_path():
+    """With dropout in training the read takes the plain autograd path: it is random, differentiable,
+    and in eval mode equals the read without dropout."""
+    torch.manual_seed(6)
+    B, M, C, D = 2, 6, 4, 8
+    memory = as_memory(*random_memory(B, M, C, D))
+    attn = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C, dropout=0.5)
+    plain = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C)
+    plain.load_state_dict(attn.state_dict())
+    q = torch.randn(B, 5, D, requires_grad=True)
+    a, b = attn(q, memory), attn(q, memory)
+    assert not torch.allclose(a, b)
+    a.sum().backward()
+    assert torch.isfinite(q.grad).all() and q.grad.abs().max() > 0
+    attn.eval()
+    torch.testing.assert_close(attn(q, memory), plain(q, memory))
+
+
 def test_permuting_chunks_leaves_read_unchanged_when_k_equals_m():
     torch.manual_seed(1)
     B, M, C, D = 2, 5, 3, 8

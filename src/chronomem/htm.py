@@ -30,10 +30,12 @@ Deliberate differences from the released module (documented improvements):
   partial chunk keep the encodings they would have had in a full chunk;
 * ``top_k`` larger than the memory is an error, not a silent failure.
 
-One speed-up changes the order of computation, not the function: ``HTMAttention`` computes the
-within-chunk attention in content space (key projection moved onto the query, value and output
-projections applied after the k chunks are mixed), so it gathers only detached chunk contents. On a
-CPU this made a supervised-Ballet training step 3x faster than gathering projected keys/values.
+Two speed-ups change the order of computation, not the function (both tested against the literal
+loop): ``HTMAttention`` computes the within-chunk attention in content space (key projection moved
+onto the query, value and output projections applied after the k chunks are mixed), so it gathers
+only detached chunk contents; and ``mix_selected_chunks`` does that gather and mix in blocks of
+queries with a backward that gathers again rather than keeping the gathered contents. Together they
+made a supervised-Ballet training step 4.6x faster on a CPU core (5.1 s -> 1.1 s).
 
 Visibility rule (what makes step-by-step, window-by-window and whole-sequence runs agree): a query
 at time t (steps since the stream or episode began)
