@@ -346,3 +346,31 @@ def test_eval_batches_fixed():
     a = next(task.eval_batches(8, 8))
     b = next(task.eval_batches(8, 8))
     assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+
+
+def test_mixed_levels_are_the_papers_uniform_mixture():
+    """``level="mixed"`` (App. B.1): each batch is one level, drawn uniformly; the examples are those of
+    that level's ``SupervisedBallet``; the task rebuilds from its description."""
+    task = get_task("ballet")(level="mixed")
+    assert task.levels == LEVELS and task.input_dim == 95 and task.num_classes == 8
+    g = torch.Generator().manual_seed(0)
+    lengths = [task.sample(2, g).inputs.shape[1] for _ in range(600)]
+    expected = {SupervisedBallet(level).length for level in LEVELS}
+    assert set(lengths) == expected
+    counts = [lengths.count(n) for n in sorted(expected)]
+    assert min(counts) > 600 / 6 * 0.7 and max(counts) < 600 / 6 * 1.3  # roughly uniform
+    # One level: the same examples as SupervisedBallet with the generator after the level draw.
+    one = get_task("ballet")(level="mixed", levels=("4_delay16",))
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    batch = one.sample(3, g1)
+    torch.randint(1, (1,), generator=g2)
+    want = SupervisedBallet("4_delay16").sample(3, g2)
+    assert torch.equal(batch.inputs, want.inputs) and torch.equal(batch.targets, want.targets)
+    options = {k: v for k, v in one.describe().items() if k != "name"}
+    assert get_task("ballet")(**options).levels == ("4_delay16",)
+    with pytest.raises(ValueError, match="levels"):
+        get_task("ballet")(level="mixed", levels=())
+    with pytest.raises(ValueError, match="levels"):
+        get_task("ballet")(level="2_delay16", levels=("2_delay16",))
+    with pytest.raises(ValueError, match="2_delay16"):
+        get_task("ballet")(level="mixed", levels=("3_delay16",))

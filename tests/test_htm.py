@@ -454,4 +454,7 @@ def test_ballet_experiment_smoke(tmp_path):
     experiment = get_experiment("ballet")
     results = run_experiment(experiment, "smoke", tmp_path)
     assert set(results["results"]) == {"htm", "transformer-xl", "lstm"}
+    for model, row in results["results"].items():  # one model per memory, evaluated per level
+        assert set(row) == {"2_delay16"} and 0 <= row["2_delay16"] <= 100
+        assert "accuracy_on_training_mixture" in results["extra"][model]
     assert experiment.tour is not None and (tmp_path / "report.md").exists()

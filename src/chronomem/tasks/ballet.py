@@ -31,7 +31,7 @@ Observations (``BalletEnv``, a Gymnasium environment) are dicts:
   shape and one colour channel; floor is all zeros).
 * ``instruction`` is a token of ``VOCAB = ("watch",) + DANCE_NAMES``.
 
-``SupervisedBallet`` (registered as task ``"ballet"``) is the CPU-friendly variant used by the
+``SupervisedBallet`` (task ``"ballet"``; ``MixedBallet`` with ``level="mixed"``) is the CPU-friendly variant used by the
 experiments: the observation stream of an episode up to and including the cue while the agent
 stands still, one feature vector per step, and the label is the target dancer's cell (an index into
 ``DANCER_CELLS``; 8 classes, chance 1/n since only n cells hold a dancer). Its episodes are
@@ -546,4 +546,42 @@ def observation_features(obs: dict, observation: str = "symbolic") -> np.ndarray
     return np.concatenate([view.astype(np.float32), instruction])
 
 
-register_task("ballet")(SupervisedBallet)
+class MixedBallet(Task):
+    """The paper's training distribution (App. B.1): "levels uniformly sampled to have 16 or 48 steps
+    of delay between dances, and 2, 4, or 8 dances", one agent for all levels.
+
+    Each batch is one level drawn uniformly from ``levels`` (a batch of one level needs no padding,
+    and a 2-dancer batch costs an eighth of an ``8_delay48`` one); its examples are those of
+    ``SupervisedBallet(level)``. Evaluate a trained model on single levels with ``SupervisedBallet``.
+    """
+
+    name = "ballet"
+    kind = "classify"
+    num_classes = len(DANCER_CELLS)
+    causal = True
+
+    def __init__(self, levels: tuple[str, ...] = LEVELS, observation: str = "symbolic"):
+        if isinstance(levels, str) or not levels:
+            raise ValueError(f"levels must be a non-empty sequence of levels like {LEVELS}, got {levels!r}")
+        self.levels = tuple(levels)
+        self.tasks = tuple(SupervisedBallet(level, observation) for level in self.levels)
+        self.observation = observation
+        self.input_dim = self.tasks[0].input_dim
+
+    def sample(self, batch_size: int, generator: torch.Generator, split: str = "train") -> Batch:
+        level = int(torch.randint(len(self.tasks), (1,), generator=generator))
+        return self.tasks[level].sample(batch_size, generator, split)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "level": "mixed", "levels": list(self.levels), "observation": self.observation}
+
+
+@register_task("ballet")
+def ballet_task(level: str = "8_delay48", observation: str = "symbolic", levels=None) -> Task:
+    """Task ``"ballet"``: ``SupervisedBallet(level)``, or with ``level="mixed"`` the paper's mixture of
+    ``levels`` (default: all six) as ``MixedBallet``."""
+    if level == "mixed":
+        return MixedBallet(LEVELS if levels is None else tuple(levels), observation)
+    if levels is not None:
+        raise ValueError(f"levels is only used with level='mixed', got level={level!r}")
+    return SupervisedBallet(level, observation)
