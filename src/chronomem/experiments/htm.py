@@ -23,6 +23,21 @@ from chronomem.train import TrainConfig
 LEVELS = ("2_delay16", "8_delay16", "8_delay48")  # the levels of Table 3
 ALL_LEVELS = tuple(f"{n}_delay{d}" for d in (16, 48) for n in (2, 4, 8))  # the training mixture (App. B.1)
 
+def _train_config(s: dict, seed: int, warmup: int) -> TrainConfig:
+    """Trainer settings from a scale's dict ``s``: steps, batch size, lr, wall-clock budget, evaluation size."""
+    return TrainConfig(
+        steps=s["steps"],
+        batch_size=s["batch_size"],
+        lr=s["lr"],
+        warmup=min(warmup, s["steps"] // 10),
+        clip=1.0,
+        seed=seed,
+        eval_examples=s["eval_examples"],
+        time_budget=s["budget"],
+        progress=False,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Ballet
 # ---------------------------------------------------------------------------------------------
@@ -74,17 +89,7 @@ def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = N
     for model in models:
         # The class is read at the last step (the cue), after the model has streamed the episode.
         options = dict(configs[model], pooling="last")
-        cfg = TrainConfig(
-            steps=s["steps"],
-            batch_size=s["batch_size"],
-            lr=s["lr"],
-            warmup=min(100, s["steps"] // 10),
-            clip=1.0,
-            seed=seed,
-            eval_examples=s["eval_examples"],
-            time_budget=s["budget"],
-            progress=False,
-        )
+        cfg = _train_config(s, seed, warmup=100)
         row = train_and_evaluate(model, task, options, cfg, eval_tasks=levels)
         results[model] = row["eval"]
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
@@ -184,17 +189,7 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     configs = {m: configs[m] for m in select_models(configs, models, "pai")}
     results, extra = {}, {}
     for model, options in configs.items():
-        cfg = TrainConfig(
-            steps=s["steps"],
-            batch_size=s["batch_size"],
-            lr=s["lr"],
-            warmup=min(200, s["steps"] // 10),
-            clip=1.0,
-            seed=seed,
-            eval_examples=s["eval_examples"],
-            time_budget=s["budget"],
-            progress=False,
-        )
+        cfg = _train_config(s, seed, warmup=200)
         row = train_and_evaluate(model, task, options, cfg)
         results[model] = {"length 3": row["accuracy"]}
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
