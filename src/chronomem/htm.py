@@ -340,15 +340,20 @@ def _prefix_lengths(mask: Tensor | None, batch: int, n: int, device) -> Tensor:
 BLOCK_BYTES = 8 * 2**20
 
 
-def _mix_block(q: Tensor, weights: Tensor, chunks: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+def _mix_block(
+    q: Tensor, weights: Tensor, chunks: Tensor, slots: Tensor, dropout: float = 0.0
+) -> tuple[Tensor, Tensor]:
     """One block: ``q [n, H, D]``, ``weights [n, k]``, ``chunks [n, k, C, D]``, ``slots [n, k, C]`` ->
-    the within-chunk softmax ``p [n, H, k, C]`` and ``mixed [n, H, D] = sum_{i,s} R_i p_is c_is``."""
+    the within-chunk softmax ``p [n, H, k, C]`` and ``mixed [n, H, D] = sum_{i,s} R_i p_is c_is``
+    (``dropout`` on ``p``, the attention dropout of the within-chunk MHA)."""
     n, k, C, D = chunks.shape
     flat = chunks.view(n, k * C, D)
     scores = torch.bmm(q, flat.transpose(1, 2)).view(n, -1, k, C)
     # Softmax within each chunk over its stored slots (a finite fill: an empty chunk, which only an
     # invalid chunk can be, gets uniform weights and then R_i = 0).
     p = torch.softmax(scores.masked_fill(~slots[:, None], NEG), dim=-1)
+    if dropout:
+        p = F.dropout(p, dropout)
     mixed = torch.bmm((p * weights[:, None, :, None]).view(n, -1, k * C), flat)
     return p, mixed
 
@@ -360,11 +365,7 @@ def _mix_selected_chunks_autograd(q, weights, table, slot_table, rows, dropout: 
     flat_rows = rows.flatten()
     chunks = table.index_select(0, flat_rows).view(n, k, *table.shape[1:])
     slots = slot_table.index_select(0, flat_rows).view(n, k, -1)
-    if not dropout:
-        return _mix_block(q, weights, chunks, slots)[1]
-    scores = torch.einsum("nhd,nkcd->nhkc", q, chunks)
-    p = F.dropout(torch.softmax(scores.masked_fill(~slots[:, None], NEG), dim=-1), dropout)
-    return torch.einsum("nhkc,nkcd->nhd", p * weights[:, None, :, None], chunks)
+    return _mix_block(q, weights, chunks, slots, dropout)[1]
 
 
 class _MixSelectedChunks(torch.autograd.Function):
