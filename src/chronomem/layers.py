@@ -5,7 +5,8 @@ Every model in chronomem is built from these pieces, so each idea is written onc
 * ``MultiHeadAttention``  self- or cross-attention on ``F.scaled_dot_product_attention`` with
   boolean masks (``True`` = may attend), a causal option and an additive float bias (used by the
   relative positions of Transformer-XL). Its three steps (``heads_q``, ``heads_kv``, ``attend``) are
-  public so that a memory can project keys/values once and gather them (HTM).
+  public so that a model can project keys/values once and reuse them (BLRP's Theta_L, the local
+  attention cache of HTM, Transformer-XL's relative attention).
 * ``FeedForward`` (GELU MLP), ``SelfAttentionBlock`` and ``CrossAttentionBlock`` (pre-LN residual).
 * ``sinusoid_encoding``: sin and cos halves concatenated, optionally with reversed positions.
 * Mask and shape helpers that raise ``ValueError``/``TypeError`` naming the argument.
