@@ -98,3 +98,37 @@ def test_pai_experiment_smoke(tmp_path):
     results = run_experiment(get_experiment("pai"), "smoke", tmp_path)
     assert set(results["results"]) == {"htm", "transformer"}
     assert (tmp_path / "report.md").exists() and (tmp_path / "results.json").exists()
+
+
+def test_choice_readout_scores_the_embedded_choices():
+    """readout="choices" (paper 001 App. B.4): logits are dot products of a projection of the pooled
+    output with the shared input embedding of each choice; checked against a literal computation."""
+    from chronomem.heads import build_model
+
+    torch.manual_seed(0)
+    task = PAITask(n_triplets=2, item_dim=4)
+    assert task.choice_steps == (4 * task.n_triplets, 4 * task.n_triplets + 1)
+    batch = episode(task, batch=3)
+    roles = batch.inputs[:, list(task.choice_steps), task.item_dim:].argmax(-1)
+    assert roles.tolist() == [[2, 3]] * 3  # the steps named by choice_steps hold choice 0 and choice 1
+    net = build_model("transformer", task, dim=8, depth=1, num_heads=2, pooling="last", readout="choices")
+    logits, _ = net(batch.inputs)
+    y, _ = net.backbone(net.embed(batch.inputs))
+    out = net.project(net.norm(y[:, -1]))
+    expect = torch.stack([(out * net.embed(batch.inputs[:, s])).sum(-1) for s in task.choice_steps], dim=1)
+    torch.testing.assert_close(logits, expect)
+
+
+def test_choice_readout_bad_input():
+    from chronomem.heads import Classifier, build_model
+    from chronomem.tasks.copy import CopyTask
+
+    task = PAITask(n_triplets=2, item_dim=4)
+    with pytest.raises(ValueError, match="readout"):
+        build_model("transformer", task, dim=8, depth=1, num_heads=2, readout="nearest")
+    with pytest.raises(ValueError, match="choice_steps"):
+        Classifier(torch.nn.Identity(), 8, 2, readout="choices", input_dim=9)
+    with pytest.raises(ValueError, match="choice_steps"):
+        Classifier(torch.nn.Identity(), 8, 2, readout="choices", choice_steps=(1, 2, 3), input_dim=9)
+    with pytest.raises(ValueError, match="readout"):
+        build_model("transformer", CopyTask(), dim=8, depth=1, num_heads=2, readout="choices")

@@ -61,16 +61,43 @@ class Classifier(_Head):
     """One prediction per sequence: ``logits [B, num_classes], state``.
 
     ``pooling`` is ``"mean"`` (over valid steps) or ``"last"`` (the last valid step); a backbone with a
-    ``summary`` method overrides it. The MLP follows the LRA heads: Linear -> GELU -> Linear.
+    ``summary`` method overrides it. ``readout`` turns the pooled vector into logits:
+
+    * ``"mlp"`` (default): the LRA heads, Linear -> GELU -> Linear;
+    * ``"choices"``: for tasks whose classes are candidate answers shown in the input at steps
+      ``choice_steps`` (one per class). A linear projection of the pooled vector is compared with the
+      embedding of each candidate by a dot product, and the dot products are the logits (paper 001
+      App. B.4, the PAI readout: "compared this output embedding to the embeddings of the two
+      possible choices using dot products"). The candidates go through the same input embedding as
+      everything else (App. B.4: "a single shared embedding layer").
     """
 
-    def __init__(self, backbone: nn.Module, dim: int, num_classes: int, pooling: str = "mean", **inputs):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        dim: int,
+        num_classes: int,
+        pooling: str = "mean",
+        readout: str = "mlp",
+        choice_steps: tuple[int, ...] | None = None,
+        **inputs,
+    ):
         super().__init__(backbone, dim, **inputs)
         if pooling not in ("mean", "last"):
             raise ValueError(f"pooling must be 'mean' or 'last', got {pooling!r}")
-        self.pooling = pooling
+        if readout not in ("mlp", "choices"):
+            raise ValueError(f"readout must be 'mlp' or 'choices', got {readout!r}")
+        if readout == "choices" and (choice_steps is None or len(choice_steps) != num_classes):
+            raise ValueError(
+                f"readout='choices' needs choice_steps, one input step per class ({num_classes}), got {choice_steps!r}"
+            )
+        self.pooling, self.readout = pooling, readout
+        self.choice_steps = None if choice_steps is None else tuple(int(s) for s in choice_steps)
         self.norm = nn.LayerNorm(self.out_dim)
-        self.mlp = nn.Sequential(nn.Linear(self.out_dim, dim), nn.GELU(), nn.Linear(dim, num_classes))
+        if readout == "mlp":
+            self.mlp = nn.Sequential(nn.Linear(self.out_dim, dim), nn.GELU(), nn.Linear(dim, num_classes))
+        else:
+            self.project = nn.Linear(self.out_dim, dim)  # the "final output embedding" of App. B.4
 
     def pool(self, y: Tensor, state, mask: Tensor | None) -> Tensor:
         if hasattr(self.backbone, "summary"):
@@ -84,7 +111,12 @@ class Classifier(_Head):
 
     def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
         y, state = self.encode(inputs, state, mask)
-        return self.mlp(self.pool(y, state, mask)), state
+        pooled = self.pool(y, state, mask)
+        if self.readout == "mlp":
+            return self.mlp(pooled), state
+        candidates = inputs[:, list(self.choice_steps)]  # [B, num_classes, ...] the answers on offer
+        choices = self.embed(candidates if self.tokens else candidates.float())  # [B, num_classes, dim]
+        return torch.einsum("bd,bcd->bc", self.project(pooled), choices), state
 
 
 def build_model(
@@ -95,16 +127,24 @@ def build_model(
     depth: int = 2,
     num_heads: int = 4,
     pooling: str = "mean",
+    readout: str = "mlp",
     **options,
 ) -> nn.Module:
-    """Backbone ``model`` (a registry name) with the head that ``task`` needs."""
+    """Backbone ``model`` (a registry name) with the head that ``task`` needs.
+
+    ``readout="choices"`` (classification only) scores the candidate answers at the task's
+    ``choice_steps`` (see ``Classifier``)."""
     from chronomem.registry import get_model
 
     builder = get_model(model)
     backbone = builder(dim=dim, depth=depth, num_heads=num_heads, causal=task.causal, **options)
     inputs = {"vocab_size": task.vocab_size} if task.vocab_size is not None else {"input_dim": task.input_dim}
     if task.kind == "classify":
-        return Classifier(backbone, dim, task.num_classes, pooling=pooling, **inputs)
+        choice_steps = getattr(task, "choice_steps", None) if readout == "choices" else None
+        return Classifier(backbone, dim, task.num_classes, pooling=pooling, readout=readout,
+                          choice_steps=choice_steps, **inputs)
+    if readout != "mlp":
+        raise ValueError(f"readout={readout!r} needs a classification task, got task.kind={task.kind!r}")
     if task.kind == "tag":
         return Tagger(backbone, dim, task.num_classes, **inputs)
     raise ValueError(f"task.kind must be 'tag' or 'classify', got {task.kind!r}")

@@ -23,14 +23,14 @@ from chronomem.train import TrainConfig
 LEVELS = ("2_delay16", "8_delay16", "8_delay48")  # the levels of Table 3
 ALL_LEVELS = tuple(f"{n}_delay{d}" for d in (16, 48) for n in (2, 4, 8))  # the training mixture (App. B.1)
 
-def _train_config(s: dict, seed: int, warmup: int) -> TrainConfig:
+def _train_config(s: dict, seed: int, warmup: int, clip: float | None) -> TrainConfig:
     """Trainer settings from a scale's dict ``s``: steps, batch size, lr, wall-clock budget, evaluation size."""
     return TrainConfig(
         steps=s["steps"],
         batch_size=s["batch_size"],
         lr=s["lr"],
         warmup=min(warmup, s["steps"] // 10),
-        clip=1.0,
+        clip=clip,
         seed=seed,
         eval_examples=s["eval_examples"],
         time_budget=s["budget"],
@@ -91,7 +91,9 @@ def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = N
     for model in models:
         # The class is read at the last step (the cue), after the model has streamed the episode.
         options = dict(configs[model], pooling="last")
-        cfg = _train_config(s, seed, warmup=100)
+        # Gradient clipping at norm 1 (our choice; the paper's Adam does not clip): HTM without it
+        # scored 85.6 / 17.5 / 13.3 under the quick protocol, no better than with it.
+        cfg = _train_config(s, seed, warmup=100, clip=1.0)
         row = train_and_evaluate(model, task, options, cfg, eval_tasks=levels)
         results[model] = row["eval"]
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
@@ -128,6 +130,7 @@ BALLET = register_experiment(
 # ---------------------------------------------------------------------------------------------
 
 # Paper (Table 1, "Associative" column): chunk 2, top-k 32, lr 1e-4 (swept {1, 2, 4} x 1e-4), 4 layers.
+# Top-k 32 of 32 stored pairs reads every pair; the quick scale keeps that (top-k = all 9 chunks).
 PAI_SCALES = {
     "smoke": dict(
         n_triplets=2,
@@ -148,7 +151,7 @@ PAI_SCALES = {
         dim=64,
         depth=4,
         num_heads=4,
-        top_k=4,
+        top_k=9,
         steps=100_000,
         batch_size=32,
         lr=1e-3,
@@ -175,15 +178,18 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     s = PAI_SCALES[scale]
     task = get_task("pai")(n_triplets=s["n_triplets"], item_dim=s["item_dim"])
     chunks = 2 * s["n_triplets"] + 1  # the pairs and the chunk of the two choices
-    common = dict(dim=s["dim"], depth=s["depth"], num_heads=s["num_heads"], pooling="last")
+    # App. B.4: the output embedding (a projection of the probe's output) is compared with the embedded
+    # choices by dot products, which are the logits (``readout="choices"``).
+    common = dict(dim=s["dim"], depth=s["depth"], num_heads=s["num_heads"], pooling="last", readout="choices")
     configs = {
+        # App. B.4: the query alone is the input of the HTM layers, and every layer reads the same
+        # memory of embedded pairs: a window of one step (the probe attends locally only to itself).
         "htm": dict(
             common,
             top_k=min(s["top_k"], chunks),
             chunk_size=2,
             memory_size=chunks + 1,
-            window=4,
-            extra_length=2,
+            window=1,
             shared_memory=True,
         ),
         "transformer": dict(common),
@@ -191,7 +197,9 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     configs = {m: configs[m] for m in select_models(configs, models, "pai")}
     results, extra = {}, {}
     for model, options in configs.items():
-        cfg = _train_config(s, seed, warmup=200)
+        # Paper 001 Table 1: Adam without gradient clipping. Clipping at norm 1 kept HTM on the direct
+        # query at chance for 1,500 steps where the same run without it reached 91% (same batches, seed).
+        cfg = _train_config(s, seed, warmup=200, clip=None)
         row = train_and_evaluate(model, task, options, cfg)
         results[model] = {"length 3": row["accuracy"]}
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}

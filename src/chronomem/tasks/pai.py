@@ -54,6 +54,11 @@ class PAITask(Task):
         return 4 * self.n_triplets + 3
 
     @property
+    def choice_steps(self) -> tuple[int, int]:
+        """Input steps of choice 0 and choice 1 (for ``build_model(..., readout="choices")``)."""
+        return (4 * self.n_triplets, 4 * self.n_triplets + 1)
+
+    @property
     def memory_length(self) -> int:
         """Steps holding the stored pairs (the chunks of length 2)."""
         return 4 * self.n_triplets
