@@ -8,8 +8,9 @@
   cell), so the numbers compare memories, not agents.
 * ``pai``: paired associative inference, length 3 (MEMO's task), HTM (paper: 97.5%, Fig. 6b) vs a
   causal Transformer reading the same sequence (the stored pairs, the choices and the probe). HTM
-  follows App. B.4: the pairs are chunks of length 2 and every layer reads the same memory of the
-  embedded inputs (``shared_memory=True``).
+  follows App. B.4: the pairs are chunks of length 2, every layer reads the same memory of the
+  embedded inputs (``shared_memory=True``), and both models answer by dot products of a projection of
+  the probe's output with the embedded choices (``readout="choices"``).
 """
 
 from __future__ import annotations
@@ -221,6 +222,8 @@ PAI = register_experiment(
         paper_source="paper 001 Fig. 6b (HTM 97.5%; MEMO's task, Banino et al. 2020)",
         notes="Items are random vectors drawn per episode (MEMO used ImageNet images); the probe and the "
         "two choices follow the stored pairs in one sequence, so both models read the same memory. "
+        "Both read the answer out as in App. B.4: dot products of a projection of the probe's output "
+        "with the embedded choices. "
         "Chance is 50%. The quick scale uses fewer triplets per episode than the paper scale.",
     )
 )
