@@ -1,8 +1,9 @@
 """Training-step time of the quick Ballet HTM model: the blockwise read against plain autograd.
 
 The model and batch are those of ``chronomem run ballet --scale quick`` on ``8_delay48`` (B=32 episodes of
-505 steps, HTM dim 64, 2 layers, chunk 16, top-k 4). Both variants compute the same function (tested in
-``tests/test_htm.py``); they differ in how the selected chunks are gathered and mixed:
+505 steps, HTM dim 64, 2 layers, chunk 16, top-k 8, window 64: ``BALLET_MODELS["quick"]``). Both variants
+compute the same function (tested in ``tests/test_htm.py``); they differ in how the selected chunks are
+gathered and mixed:
 
 * ``blockwise``: ``htm.mix_selected_chunks`` (blocks of queries, a backward that gathers again);
 * ``autograd``: ``htm._mix_selected_chunks_autograd`` (one gather kept for backward).

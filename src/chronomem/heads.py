@@ -31,10 +31,11 @@ class _Head(nn.Module):
         self.embed = nn.Embedding(vocab_size, dim) if self.tokens else nn.Linear(input_dim, dim)
 
     def encode(self, inputs: Tensor, state=None, mask: Tensor | None = None):
+        """``(x, (y, state))``: the embedded inputs ``x [B, N, dim]`` and the backbone's output."""
         if self.tokens and inputs.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
             raise TypeError(f"inputs must be integer token ids [B, N], got dtype {inputs.dtype}")
         x = self.embed(inputs if self.tokens else inputs.float())
-        return self.backbone(x, state=state, mask=mask)
+        return x, self.backbone(x, state=state, mask=mask)
 
 
 class Tagger(_Head):
@@ -46,7 +47,7 @@ class Tagger(_Head):
         self.out = nn.Linear(self.out_dim, num_classes)
 
     def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
-        y, state = self.encode(inputs, state, mask)
+        _, (y, state) = self.encode(inputs, state, mask)
         return self.out(self.norm(y)), state
 
 
@@ -110,12 +111,11 @@ class Classifier(_Head):
         return self.norm(y[torch.arange(y.shape[0], device=y.device), last])
 
     def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
-        y, state = self.encode(inputs, state, mask)
+        x, (y, state) = self.encode(inputs, state, mask)
         pooled = self.pool(y, state, mask)
         if self.readout == "mlp":
             return self.mlp(pooled), state
-        candidates = inputs[:, list(self.choice_steps)]  # [B, num_classes, ...] the answers on offer
-        choices = self.embed(candidates if self.tokens else candidates.float())  # [B, num_classes, dim]
+        choices = x[:, list(self.choice_steps)]  # [B, num_classes, dim] the embedded answers on offer
         return torch.einsum("bd,bcd->bc", self.project(pooled), choices), state
 
 

@@ -24,6 +24,7 @@ from chronomem.train import TrainConfig
 LEVELS = ("2_delay16", "8_delay16", "8_delay48")  # the levels of Table 3
 ALL_LEVELS = tuple(f"{n}_delay{d}" for d in (16, 48) for n in (2, 4, 8))  # the training mixture (App. B.1)
 
+
 def _train_config(s: dict, seed: int, warmup: int, clip: float | None) -> TrainConfig:
     """Trainer settings from a scale's dict ``s``: steps, batch size, lr, wall-clock budget, evaluation size."""
     return TrainConfig(
@@ -198,8 +199,8 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     configs = {m: configs[m] for m in select_models(configs, models, "pai")}
     results, extra = {}, {}
     for model, options in configs.items():
-        # Paper 001 Table 1: Adam without gradient clipping. Clipping at norm 1 kept HTM on the direct
-        # query at chance for 1,500 steps where the same run without it reached 91% (same batches, seed).
+        # Paper 001 Table 1: Adam without gradient clipping. Clipping at norm 1 kept HTM (top-k 4) on the
+        # direct query at chance for 1,500 steps where the same run without it reached 91% (same batches).
         cfg = _train_config(s, seed, warmup=200, clip=None)
         row = train_and_evaluate(model, task, options, cfg)
         results[model] = {"length 3": row["accuracy"]}
