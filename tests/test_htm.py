@@ -87,22 +87,29 @@ def test_attention_matches_naive_reference(top_k):
     )
 
 
-def test_gradients_match_naive_reference():
+@pytest.mark.parametrize("memory_gradient", [False, True])
+def test_gradients_match_naive_reference(memory_gradient):
     """The fast read moves the K/V projections onto the query side; parameter and query gradients
-    must still equal those of the literal per-chunk read (float64, so only rounding differs)."""
+    must still equal those of the literal per-chunk read (float64, so only rounding differs). With
+    ``memory_gradient`` the gradients into the keys and contents must equal the literal read's too."""
     torch.manual_seed(4)
     B, M, C, D, Q = 2, 6, 4, 8, 5
-    attn = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C).double()
-    keys, contents, slot_valid, valid = (t.double() if t.is_floating_point() else t for t in random_memory(B, M, C, D))
+    attn = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C, memory_gradient=memory_gradient).double()
+    memory = [t.double() if t.is_floating_point() else t for t in random_memory(B, M, C, D)]
     queries = torch.randn(B, Q, D, dtype=torch.float64)
     mask = torch.rand(B, Q, M) > 0.3
     grads = []
-    for read in (lambda q: attn(q, as_memory(keys, contents, slot_valid, valid), mask),
-                 lambda q: naive_read(attn, q, keys, contents, slot_valid, valid, mask)):
+    for naive in (False, True):
         attn.zero_grad()
         q = queries.clone().requires_grad_(True)
-        (read(q) * torch.linspace(-1, 1, D, dtype=torch.float64)).sum().backward()
-        grads.append([q.grad] + [p.grad.clone() for p in attn.parameters()])
+        keys, contents = (t.clone().requires_grad_(memory_gradient) for t in memory[:2])
+        if naive:
+            out = naive_read(attn, q, keys, contents, *memory[2:], mask)
+        else:
+            out = attn(q, as_memory(keys, contents, *memory[2:]), mask)
+        (out * torch.linspace(-1, 1, D, dtype=torch.float64)).sum().backward()
+        grads.append([q.grad] + [p.grad.clone() for p in attn.parameters()]
+                     + ([keys.grad, contents.grad] if memory_gradient else []))
     for got, want in zip(*grads, strict=True):
         assert want.abs().max() > 0
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
@@ -388,6 +395,26 @@ def test_gradients_flow_to_parameters_not_memory():
     y.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     assert all(not m.contents.requires_grad and not m.keys.requires_grad for m in state.memories)
+
+
+def test_memory_gradient_option():
+    """``memory_gradient=True`` changes no output; the loss at the last step then reaches the steps
+    that only memory holds (outside its local window), which the default stop-gradient blocks."""
+    torch.manual_seed(9)
+    x = torch.randn(2, 20, 16)
+    grads, outputs = [], []
+    for memory_gradient in (False, True):
+        torch.manual_seed(10)
+        model = HTMTransformer(**SMALL, memory_gradient=memory_gradient)
+        xi = x.clone().requires_grad_(True)
+        y, _ = model(xi)
+        y[:, -1].sum().backward()
+        outputs.append(y.detach())
+        grads.append(xi.grad)
+    torch.testing.assert_close(outputs[0], outputs[1])
+    early = slice(0, 12)  # step 19's window is steps 16-19; steps 0-11 are in complete chunks only
+    assert grads[0][:, early].abs().max() == 0
+    assert grads[1][:, early].abs().max() > 0
 
 
 def test_registry_and_head():

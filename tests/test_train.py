@@ -144,6 +144,51 @@ def test_classifier_last_pooling_ignores_padding():
     torch.testing.assert_close(model(padded, mask=mask)[0], model(x)[0])
 
 
+def test_reconstruction_loss_is_the_literal_per_step_loss():
+    """App. A.1's auxiliary loss: features by a sigmoid cross-entropy averaged over features, tokens by a
+    softmax cross-entropy, both averaged over the valid steps; None in eval mode."""
+    torch.manual_seed(1)
+    features = Classifier(TinyRNN(8), 8, 3, pooling="last", input_dim=5, reconstruction=0.5).train()
+    inputs = (torch.rand(2, 6, 5) > 0.5).float()
+    mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    features.backbone.drop.eval()  # TinyRNN's dropout would make the two computations differ
+    features(inputs, mask=mask)
+    y = features.backbone(features.embed(inputs))[0]
+    p = torch.sigmoid(features.decoder(y))
+    per_step = -(inputs * p.log() + (1 - inputs) * (1 - p).log()).mean(-1)
+    want = 0.5 * per_step[mask].mean()
+    torch.testing.assert_close(features.auxiliary_loss, want, atol=1e-5, rtol=1e-5)
+
+    tokens = Tagger(TinyRNN(8), 8, 3, vocab_size=7, reconstruction=2.0).train()
+    tokens.backbone.drop.eval()
+    ids = torch.randint(0, 7, (2, 5))
+    tokens(ids)
+    logp = tokens.decoder(tokens.backbone(tokens.embed(ids))[0]).log_softmax(-1)
+    want = -2.0 * logp.gather(-1, ids[..., None]).mean()
+    torch.testing.assert_close(tokens.auxiliary_loss, want, atol=1e-5, rtol=1e-5)
+    tokens.eval()
+    tokens(ids)
+    assert tokens.auxiliary_loss is None
+
+
+def test_trainer_adds_the_auxiliary_loss(tmp_path):
+    """The decoder learns only through ``auxiliary_loss``: it moves when the trainer adds it."""
+    task = CopyTask(seq_len=4, copy_len=2)
+    torch.manual_seed(0)
+    model = Tagger(TinyRNN(16), 16, 10, vocab_size=10, reconstruction=1.0)
+    before = model.decoder.weight.detach().clone()
+    train(model, task, config(tmp_path, steps=3))
+    assert not torch.allclose(model.decoder.weight, before)
+
+
+def test_reconstruction_bad_input():
+    with pytest.raises(ValueError, match="reconstruction"):
+        Tagger(TinyRNN(8), 8, 3, vocab_size=7, reconstruction=-1.0)
+    model = Classifier(TinyRNN(8), 8, 3, input_dim=5, reconstruction=1.0).train()
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        model(torch.randn(2, 4, 5) * 3)
+
+
 DDP_WORKER = Path(__file__).parent / "ddp_worker.py"
 
 

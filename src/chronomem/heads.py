@@ -9,33 +9,76 @@ The backbone convention (every model in chronomem follows it):
   ``y`` (mean over valid steps, or the last valid step).
 
 Heads turn tokens (``nn.Embedding``) or features (``nn.Linear``) into ``x`` and ``y`` into logits.
+
+``reconstruction=w`` (any head) adds paper 001's self-supervised auxiliary loss (Sec. 2 "Agents",
+App. A.1, App. D.4): at every step a linear decoder reconstructs that step's input from the
+backbone's output, features with a sigmoid cross-entropy averaged over features (the paper's image
+loss; features must lie in [0, 1]) and tokens with a softmax cross-entropy. In training mode each
+forward stores ``w * loss`` in ``head.auxiliary_loss`` and the trainer adds it to the task loss; in
+eval mode (and with ``w = 0``) it is None.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from chronomem.layers import masked_mean
 
 
 class _Head(nn.Module):
-    def __init__(self, backbone: nn.Module, dim: int, *, vocab_size: int | None = None, input_dim: int | None = None):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        dim: int,
+        *,
+        vocab_size: int | None = None,
+        input_dim: int | None = None,
+        reconstruction: float = 0.0,
+    ):
         super().__init__()
         if (vocab_size is None) == (input_dim is None):
             raise ValueError("give exactly one of vocab_size (token inputs) or input_dim (feature inputs)")
+        if not isinstance(reconstruction, (int, float)) or reconstruction < 0:
+            raise ValueError(f"reconstruction must be a loss weight >= 0, got {reconstruction!r}")
         self.backbone = backbone
         self.dim = dim
         self.out_dim = getattr(backbone, "out_dim", dim)
         self.tokens = vocab_size is not None
         self.embed = nn.Embedding(vocab_size, dim) if self.tokens else nn.Linear(input_dim, dim)
+        self.reconstruction = float(reconstruction)
+        self.auxiliary_loss: Tensor | None = None
+        if self.reconstruction:  # App. A.1: decoders with their own weights
+            self.decoder = nn.Linear(self.out_dim, vocab_size if self.tokens else input_dim)
 
     def encode(self, inputs: Tensor, state=None, mask: Tensor | None = None):
-        """``(x, (y, state))``: the embedded inputs ``x [B, N, dim]`` and the backbone's output."""
+        """``(x, (y, state))``: the embedded inputs ``x [B, N, dim]`` and the backbone's output.
+        Sets ``auxiliary_loss`` (see the module docstring)."""
         if self.tokens and inputs.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
             raise TypeError(f"inputs must be integer token ids [B, N], got dtype {inputs.dtype}")
         x = self.embed(inputs if self.tokens else inputs.float())
-        return x, self.backbone(x, state=state, mask=mask)
+        y, state = self.backbone(x, state=state, mask=mask)
+        self.auxiliary_loss = None
+        if self.reconstruction and self.training:
+            self.auxiliary_loss = self.reconstruction * self.reconstruction_loss(y, inputs, mask)
+        return x, (y, state)
+
+    def reconstruction_loss(self, y: Tensor, inputs: Tensor, mask: Tensor | None) -> Tensor:
+        """Mean over valid steps of the loss of reconstructing each step's input from ``y`` at that step."""
+        out = self.decoder(y).float()
+        if self.tokens:
+            per_step = F.cross_entropy(out.flatten(0, 1), inputs.flatten(), reduction="none").view(inputs.shape)
+        else:
+            target = inputs.float()
+            if bool((target < 0).any() or (target > 1).any()):
+                raise ValueError("reconstruction of feature inputs needs features in [0, 1] (a sigmoid "
+                                 f"cross-entropy), got values in [{float(target.min())}, {float(target.max())}]")
+            per_step = F.binary_cross_entropy_with_logits(out, target, reduction="none").mean(-1)
+        if mask is None:
+            return per_step.mean()
+        weights = mask.to(per_step.dtype)
+        return (per_step * weights).sum() / weights.sum().clamp_min(1.0)
 
 
 class Tagger(_Head):
@@ -128,17 +171,20 @@ def build_model(
     num_heads: int = 4,
     pooling: str = "mean",
     readout: str = "mlp",
+    reconstruction: float = 0.0,
     **options,
 ) -> nn.Module:
     """Backbone ``model`` (a registry name) with the head that ``task`` needs.
 
     ``readout="choices"`` (classification only) scores the candidate answers at the task's
-    ``choice_steps`` (see ``Classifier``)."""
+    ``choice_steps`` (see ``Classifier``). ``reconstruction`` weighs the auxiliary input
+    reconstruction loss (module docstring; 0 = off)."""
     from chronomem.registry import get_model
 
     builder = get_model(model)
     backbone = builder(dim=dim, depth=depth, num_heads=num_heads, causal=task.causal, **options)
     inputs = {"vocab_size": task.vocab_size} if task.vocab_size is not None else {"input_dim": task.input_dim}
+    inputs["reconstruction"] = reconstruction
     if task.kind == "classify":
         choice_steps = getattr(task, "choice_steps", None) if readout == "choices" else None
         return Classifier(backbone, dim, task.num_classes, pooling=pooling, readout=readout,

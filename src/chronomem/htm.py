@@ -47,8 +47,17 @@ at time t (steps since the stream or episode began)
 
 Every call of ``HTMTransformer.forward`` uses the same code path: it builds the chunks that complete
 inside the call, appends them to the stored ones and gives each query a mask that applies the rule.
-Gradients differ between modes (they never flow into memory; in window mode they do not flow into
-the local-attention cache either, as in Transformer-XL) but outputs agree to float tolerance.
+Gradients differ between modes (by default they never flow into memory; in window mode they do not
+flow into the local-attention cache either, as in Transformer-XL) but outputs agree to float tolerance.
+
+One documented option departs from the paper: ``memory_gradient=True`` lets gradients flow into the
+chunks that a call builds from its own inputs (the stored memory of earlier calls stays detached,
+like truncated backpropagation through time). It changes no output. It is meant for the supervised
+tasks, where one loss at the end of a whole sequence is all the training signal: with the
+stop-gradient, nothing trains the layers below to write what a later query will need, except
+through the local window. The paper's RL agent has a loss at every step and a reconstruction loss
+(App. D.4) to shape what it stores.
+
 Episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
 ``state.reset(done)`` (the memory object itself handles boundaries inside ``write``).
 """
@@ -171,16 +180,17 @@ class HierarchicalMemory(RecurrentState):
         return self.keys.shape[2]
 
     # -- chunks that complete while writing a block of steps --------------------------------------
-    def new_chunks(self, x: Tensor, lengths: Tensor) -> NewChunks:
+    def new_chunks(self, x: Tensor, lengths: Tensor, detach: bool = True) -> NewChunks:
         """The chunks that complete when the first ``lengths[b]`` steps of ``x [B, N, D]`` are appended.
 
         The stream of row b is ``accumulator[b, :fill[b]]`` followed by ``x[b, :lengths[b]]``; chunk i
         covers stream steps ``[i*s, i*s + C)`` with stride ``s = C - overlap``. Whole-chunk tensor ops,
-        no loop over steps.
+        no loop over steps. ``detach=False`` keeps the graph (``HTMTransformer(memory_gradient=True)``).
         """
         B, N, D = x.shape
         C, s = self.chunk_size, self.chunk_size - self.overlap
-        x = x.detach()  # Section 2: stop gradients flowing into the memory
+        if detach:
+            x = x.detach()  # Section 2: stop gradients flowing into the memory
         fill = self.fill
         total = fill + lengths  # [B] stream length per row
         # Stream [B, C + N, D]: accumulator steps then the new steps, zeros past the end.
@@ -373,7 +383,8 @@ class _MixSelectedChunks(torch.autograd.Function):
 
     Saves only the within-chunk softmax ``p [N, H, k, C]`` (a few numbers per selected slot), not the
     gathered contents ``[N, k, C, D]``: memory stays O(N*k*C*H) and the gather buffers are small and
-    reused. ``table`` (the detached chunk contents) gets no gradient.
+    reused. ``table`` (the chunk contents) gets a gradient only when it requires one
+    (``memory_gradient=True``): scattered back to its rows with ``index_add_``.
     """
 
     @staticmethod
@@ -400,6 +411,7 @@ class _MixSelectedChunks(torch.autograd.Function):
         N, H, k, C = p.shape
         D = q.shape[-1]
         grad_q, grad_w = torch.empty_like(q), torch.empty_like(weights)
+        grad_table = torch.zeros_like(table) if ctx.needs_input_grad[2] else None
         for start in range(0, N, ctx.block):
             end = min(N, start + ctx.block)
             n = end - start
@@ -411,21 +423,26 @@ class _MixSelectedChunks(torch.autograd.Function):
             grad_p = grad_a * wb
             grad_scores = pb * (grad_p - (grad_p * pb).sum(-1, keepdim=True))  # softmax backward
             grad_q[start:end] = torch.bmm(grad_scores.view(n, H, k * C), flat)
-        return grad_q, grad_w, None, None, None, None
+            if grad_table is not None:  # c_is enters through mixed (weight a_is) and the scores (q . c_is)
+                a = (pb * wb).view(n, H, k * C)
+                coeff = torch.cat([a, grad_scores.view(n, H, k * C)], 1).transpose(1, 2)  # [n, k*C, 2H]
+                grad_flat = torch.bmm(coeff, torch.cat([grad_mixed[start:end], q[start:end]], 1))
+                grad_table.index_add_(0, rows[start:end].flatten(), grad_flat.view(n * k, C, D))
+        return grad_q, grad_w, grad_table, None, None, None
 
 
 def mix_selected_chunks(q: Tensor, weights: Tensor, table: Tensor, slot_table: Tensor, rows: Tensor) -> Tensor:
     """``mixed[n, h] = sum_i weights[n, i] sum_s p[n, h, i, s] table[rows[n, i], s]`` with
     ``p = softmax_s(q[n, h] . table[rows[n, i], s])`` over the valid slots (``slot_table``).
 
-    ``q [N, H, D]`` (content-space queries), ``weights [N, k]`` (``R_i``), ``table [R, C, D]`` (detached
-    chunk contents), ``slot_table [R, C]``, ``rows [N, k]`` (each query's chunks). Runs in blocks of
+    ``q [N, H, D]`` (content-space queries), ``weights [N, k]`` (``R_i``), ``table [R, C, D]`` (chunk
+    contents; usually detached), ``slot_table [R, C]``, ``rows [N, k]`` (each query's chunks). Runs in blocks of
     queries with a recomputing backward (``_MixSelectedChunks``); equals
     ``_mix_selected_chunks_autograd`` (tested).
     """
     k, C, D = rows.shape[1], table.shape[1], table.shape[2]
     block = max(1, BLOCK_BYTES // (k * C * D * table.element_size()))
-    return _MixSelectedChunks.apply(q, weights, table.detach(), slot_table, rows, block)
+    return _MixSelectedChunks.apply(q, weights, table, slot_table, rows, block)
 
 
 # =============================================================================================
@@ -445,6 +462,9 @@ class HTMAttention(nn.Module):
     and the value/output projections after the k chunks are mixed, so only the detached contents of
     the selected chunks are gathered. ``tests/test_htm.py`` checks outputs and gradients against the
     per-chunk loop with the plain ``MultiHeadAttention``.
+
+    ``memory_gradient=True`` (off by default; a deviation from Section 2's stop-gradient) lets
+    gradients flow into the keys and contents it reads; see ``HTMTransformer``.
     """
 
     def __init__(
@@ -456,6 +476,7 @@ class HTMAttention(nn.Module):
         *,
         position_encoding: bool = True,
         dropout: float = 0.0,
+        memory_gradient: bool = False,
     ):
         super().__init__()
         check_heads(dim, num_heads)
@@ -465,6 +486,7 @@ class HTMAttention(nn.Module):
             check_positive(chunk_size, "chunk_size"),
         )
         self.position_encoding = position_encoding
+        self.memory_gradient = memory_gradient
         if position_encoding and dim % 2:
             raise ValueError(
                 f"dim must be even for the sinusoid position encoding of the chunk slots, got {dim}"
@@ -508,7 +530,8 @@ class HTMAttention(nn.Module):
         k = self.top_k
         if k > M:
             raise ValueError(f"top_k={k} is larger than the memory capacity M={M}")
-        keys, contents = keys.detach(), contents.detach()  # Section 2: stop gradients into memory
+        if not self.memory_gradient:  # Section 2: stop gradients into memory
+            keys, contents = keys.detach(), contents.detach()
         visible = valid[:, None, :].expand(B, Q, M)
         if mask is not None:
             visible = visible & mask
@@ -603,13 +626,20 @@ class HTMLayer(nn.Module):
         ff_mult: float = 4.0,
         dropout: float = 0.0,
         position_encoding: bool = True,
+        memory_gradient: bool = False,
     ):
         super().__init__()
         self.norm_local = nn.LayerNorm(dim)
         self.local = MultiHeadAttention(dim, num_heads, dropout=dropout)
         self.norm_memory = nn.LayerNorm(dim)
         self.memory = HTMAttention(
-            dim, num_heads, top_k, chunk_size, position_encoding=position_encoding, dropout=dropout
+            dim,
+            num_heads,
+            top_k,
+            chunk_size,
+            position_encoding=position_encoding,
+            dropout=dropout,
+            memory_gradient=memory_gradient,
         )
         self.norm_ff = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, dropout)
@@ -630,7 +660,8 @@ class HTMTransformer(nn.Module):
     Each layer stores its own inputs in its memory (Section 2, "initial layer inputs"); with
     ``shared_memory=True`` every layer reads one memory of the model's inputs instead (the paper's
     PAI setup, App. B.4). ``mask [B, N]`` marks valid steps, a prefix of each row; padded steps are
-    neither attended to nor stored. See the module docstring for the visibility rule.
+    neither attended to nor stored. See the module docstring for the visibility rule and for
+    ``memory_gradient`` (gradients into the chunks built within a call; default off, as in the paper).
     """
 
     @dataclass
@@ -649,6 +680,7 @@ class HTMTransformer(nn.Module):
         ff_mult: float = 4.0
         dropout: float = 0.0
         position_encoding: bool = True
+        memory_gradient: bool = False
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -678,6 +710,7 @@ class HTMTransformer(nn.Module):
                 ff_mult=cfg.ff_mult,
                 dropout=cfg.dropout,
                 position_encoding=cfg.position_encoding,
+                memory_gradient=cfg.memory_gradient,
             )
             for _ in range(cfg.depth)
         )
@@ -718,7 +751,7 @@ class HTMTransformer(nn.Module):
 
     def _chunks(self, memory: HierarchicalMemory, x: Tensor, lengths: Tensor):
         """Stored chunks plus the chunks completing in this call, and the per-query visibility mask."""
-        new = memory.new_chunks(x, lengths)
+        new = memory.new_chunks(x, lengths, detach=not self.config.memory_gradient)
         B, N = x.shape[:2]
         M = memory.capacity
         n = torch.arange(N, device=x.device)[None, :, None]  # query index in the call

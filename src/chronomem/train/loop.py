@@ -175,8 +175,9 @@ def train(
         batch = task.sample(cfg.batch_size, batch_generator(cfg.seed, ctx.rank, step)).to(device)
         logits, _ = ddp_model(batch.inputs, mask=batch.mask)
         loss, correct, count = loss_and_accuracy(logits, batch, task.kind)
+        auxiliary = getattr(model, "auxiliary_loss", None)  # e.g. the heads' input reconstruction
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if auxiliary is None else loss + auxiliary).backward()
         if cfg.clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
