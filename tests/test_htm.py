@@ -359,6 +359,23 @@ def test_memory_is_used_beyond_the_local_window():
     assert not torch.allclose(model(x2)[0][:, 19], y[:, 19])
 
 
+@pytest.mark.parametrize("relative_positions", [True, False])
+def test_local_attention_sees_order_only_with_relative_positions(relative_positions):
+    """Before any chunk completes, only the local attention acts. Without positions a query's read is
+    a softmax over a set, so swapping two earlier steps cannot change it; with Transformer-XL's
+    relative positions (the default, as in the paper's agent) it must."""
+    torch.manual_seed(11)
+    options = {**SMALL, "depth": 1, "chunk_size": 8, "window": 8, "relative_positions": relative_positions}
+    model = HTMTransformer(**options)  # one layer: its causal attention reads the earlier steps as a set
+    x = torch.randn(2, 6, 16)
+    swapped = x[:, [0, 2, 1, 3, 4, 5]]
+    last, last_swapped = model(x)[0][:, -1], model(swapped)[0][:, -1]
+    if relative_positions:
+        assert not torch.allclose(last, last_swapped, atol=1e-4)
+    else:
+        torch.testing.assert_close(last, last_swapped, atol=1e-5, rtol=1e-4)
+
+
 def test_future_inputs_never_change_past_outputs():
     torch.manual_seed(7)
     model = HTMTransformer(**{**SMALL, "extra_length": 2}).eval()

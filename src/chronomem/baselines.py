@@ -28,8 +28,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from chronomem.layers import (
     FeedForward,
-    MultiHeadAttention,
     RecurrentState,
+    RelativeAttention,
     SelfAttentionBlock,
     build_config,
     check_dropout,
@@ -39,6 +39,7 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
+    relative_shift,
     sinusoid_from_positions,
 )
 from chronomem.registry import register_model
@@ -126,70 +127,6 @@ class Transformer(nn.Module):
 # ============================================================================================
 # Transformer-XL (Dai et al. 2019) and GTrXL (Parisotto et al. 2020)
 # ============================================================================================
-
-
-def relative_shift(scores: Tensor, n_key: int) -> Tensor:
-    """Index scores by relative distance: ``[..., Nq, Nk + Nq - 1] -> [..., Nq, Nk]``.
-
-    Column ``p`` of ``scores`` holds relative distance ``Nk - 1 - p`` (from ``Nk - 1`` down to
-    ``-(Nq - 1)``). Query ``i`` sits at key position ``Nk - Nq + i``, so its score for key ``j`` is
-    column ``p = Nq - 1 - i + j``: row ``i`` shifted left by ``Nq - 1 - i``. This is the "relative shift"
-    of Dai et al. (2019, App. B): pad one column, read the flat buffer with row stride ``Nk + Nq - 1``
-    starting ``Nq - 1`` elements in, so no index tensor is built.
-    """
-    n_q, width = scores.shape[-2:]
-    if width != n_key + n_q - 1:
-        raise ValueError(f"scores must have {n_key + n_q - 1} columns for n_key={n_key}, got {width}")
-    flat = F.pad(scores, (0, 1)).flatten(-2)  # rows of width + 1
-    # element (i, j) of the result is flat[(n_q - 1) + i * width + j] = scores[i, j + n_q - 1 - i]
-    shifted = flat[..., n_q - 1 : n_q - 1 + n_q * width].unflatten(-1, (n_q, width))
-    return shifted[..., :n_key]
-
-
-class RelativeAttention(nn.Module):
-    """Multi-head attention with the relative positions of Dai et al. (2019, Sec. 3.3).
-
-    For query ``i`` and key ``j`` at relative distance ``d = pos(i) - pos(j)``::
-
-        score(i, j) = (q_i + u)^T k_j  +  (q_i + v)^T W_kr R_d        (terms (a)+(c), (b)+(d))
-
-    with ``R`` the sinusoid encoding of ``d``, ``W_kr`` a bias-free projection and ``u``, ``v``
-    learned per-head biases (one pair per layer: the paper does not say whether they are shared
-    across layers; the authors' code has both, as the ``untie_r`` option). The
-    content term goes through ``F.scaled_dot_product_attention`` as ``q + u`` against ``k``; the
-    position term is computed once per call and passed as an additive bias (scaled by
-    ``1/sqrt(head_dim)`` like the content term).
-    """
-
-    def __init__(self, dim: int, num_heads: int, *, dropout: float = 0.0):
-        super().__init__()
-        check_heads(dim, num_heads)
-        check_even_dim(dim)
-        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
-        self.attn = MultiHeadAttention(dim, num_heads, dropout=dropout)
-        self.to_r = nn.Linear(dim, dim, bias=False)  # W_{k,R}
-        self.u = nn.Parameter(torch.randn(num_heads, self.head_dim) * 0.02)  # global content bias
-        self.v = nn.Parameter(torch.randn(num_heads, self.head_dim) * 0.02)  # global position bias
-
-    def position_bias(self, q: Tensor, n_key: int) -> Tensor:
-        """``(q + v)^T W_kr R_{i-j}`` scaled: ``[B, H, Nq, Nk]`` for queries aligned with the last keys."""
-        n_q = q.shape[-2]
-        dist = torch.arange(n_key - 1, -n_q, -1, device=q.device)  # Nk - 1, ..., -(Nq - 1)
-        r = self.to_r(sinusoid_from_positions(dist, self.dim).to(q.dtype))  # W_kr R: [P, D]
-        r = r.unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)  # [H, P, Dh]
-        scores = (q + self.v[:, None, :]) @ r.transpose(-1, -2)  # [B, H, Nq, P]
-        return relative_shift(scores, n_key) * self.head_dim**-0.5
-
-    def forward(self, x: Tensor, context: Tensor, key_valid: Tensor, causal: bool = True) -> Tensor:
-        """``x [B, Nq, D]`` (normed queries), ``context [B, Nk, D]`` (normed ``[memory; x]``, so the
-        queries are the last ``Nq`` keys), ``key_valid [B, Nk]``. Causal = each query sees the whole
-        memory and the segment up to itself."""
-        q = self.attn.heads_q(x)  # [B, H, Nq, Dh]
-        k, v = self.attn.heads_kv(context)  # [B, H, Nk, Dh]
-        n_key = k.shape[-2]
-        bias = self.position_bias(q, n_key)
-        mask = key_valid[:, None, None, :]  # [B, 1, 1, Nk]
-        return self.attn.attend(q + self.u[:, None, :], k, v, mask=mask, bias=bias, causal=causal)
 
 
 class GRUGate(nn.Module):

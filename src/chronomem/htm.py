@@ -75,6 +75,7 @@ from chronomem.layers import (
     FeedForward,
     MultiHeadAttention,
     RecurrentState,
+    RelativeAttention,
     build_config,
     check_heads,
     check_mask,
@@ -627,10 +628,16 @@ class HTMLayer(nn.Module):
         dropout: float = 0.0,
         position_encoding: bool = True,
         memory_gradient: bool = False,
+        relative_positions: bool = True,
     ):
         super().__init__()
         self.norm_local = nn.LayerNorm(dim)
-        self.local = MultiHeadAttention(dim, num_heads, dropout=dropout)
+        # Fig. 1d: the agent memory is the (gated) Transformer-XL's with the XL memory replaced by the
+        # HTM block, so its local attention keeps Transformer-XL's relative positions (Dai et al. 2019).
+        if relative_positions:
+            self.local = RelativeAttention(dim, num_heads, dropout=dropout)
+        else:
+            self.local = MultiHeadAttention(dim, num_heads, dropout=dropout)
         self.norm_memory = nn.LayerNorm(dim)
         self.memory = HTMAttention(
             dim,
@@ -647,9 +654,13 @@ class HTMLayer(nn.Module):
     def forward(self, x: Tensor, context: Tensor, local_mask: Tensor, chunks: tuple) -> Tensor:
         """``x [B, N, D]``; ``context [B, L + N, D]`` = cache then x; ``local_mask [B, N, L + N]``;
         ``chunks`` = (keys, contents, slot_valid, valid, mask [B, N, M']) for the HTM read."""
-        q = self.local.heads_q(self.norm_local(x))
-        k, v = self.local.heads_kv(self.norm_local(context))
-        x = x + self.local.attend(q, k, v, mask=local_mask[:, None])  # causal local self-attention
+        normed = self.norm_local(context)  # LN is per step: LN([cache; x]) = [LN(cache); LN(x)]
+        queries = normed[:, context.shape[1] - x.shape[1] :]
+        if isinstance(self.local, RelativeAttention):  # causal local self-attention
+            x = x + self.local(queries, normed, local_mask, causal=False)  # local_mask holds causality
+        else:
+            q, (k, v) = self.local.heads_q(queries), self.local.heads_kv(normed)
+            x = x + self.local.attend(q, k, v, mask=local_mask[:, None])
         x = x + self.memory.read(self.norm_memory(x), *chunks)  # HTM block: x + sum_i R_i MHA(LN(x), C_i)
         return x + self.ff(self.norm_ff(x))
 
@@ -681,6 +692,7 @@ class HTMTransformer(nn.Module):
         dropout: float = 0.0
         position_encoding: bool = True
         memory_gradient: bool = False
+        relative_positions: bool = True
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -711,6 +723,7 @@ class HTMTransformer(nn.Module):
                 dropout=cfg.dropout,
                 position_encoding=cfg.position_encoding,
                 memory_gradient=cfg.memory_gradient,
+                relative_positions=cfg.relative_positions,
             )
             for _ in range(cfg.depth)
         )
