@@ -39,7 +39,7 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
-    relative_shift,
+    relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
 )
 from chronomem.registry import register_model

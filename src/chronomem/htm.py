@@ -11,8 +11,9 @@ Read top to bottom next to the paper:
    ``R = softmax(Q(normed input) . S)`` over the chunk summaries, top-k chunks,
    ``sum_{i in top-k} R_i * MHA(normed input, C_i)``.
 3. ``HTMLayer`` / ``HTMTransformer``  the agent memory of Fig. 1d: each layer is pre-LN causal local
-   self-attention, then a pre-LN HTM block over the memory of that layer's past *inputs*, then a pre-LN
-   feed-forward block, all residual, without GTrXL gating (App. D.6).
+   self-attention (with Transformer-XL's relative positions, as in the GTrXL agent it is built from),
+   then a pre-LN HTM block over the memory of that layer's past *inputs*, then a pre-LN feed-forward
+   block, all residual, without GTrXL gating (App. D.6).
 
 Facts the paper leaves out come from DeepMind's released attention module (see DESIGN.md 3.1):
 single-head relevance with bias-free projections scaled by ``1/sqrt(D)``; masking with a large
