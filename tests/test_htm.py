@@ -349,6 +349,38 @@ def test_step_window_and_sequence_agree(options):
     torch.testing.assert_close(model(more, s_whole)[0], model(more, s_pieces)[0], atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("extra_length", [0, 3])
+@pytest.mark.parametrize("start", [0, 5, 8])
+def test_local_layout_matches_the_visibility_rule(extra_length, start):
+    """The blocked local attention (one block per window) lets each query see exactly the steps of the
+    literal rule ``floor(t/W)*W - E <= s <= t``, s a real step, and its queries are the last keys of
+    their block, at consecutive positions (what relative positions assume)."""
+    W, n, B = 4, 11, 2
+    model = HTMTransformer(**{**SMALL, "window": W, "extra_length": extra_length})
+    L = model.cache_length
+    position, lengths = torch.full((B,), start), torch.tensor([n, 7])
+    layout = model._local_layout(position, lengths, n)
+    assert layout.queries.shape[0] > 1  # blocked
+    for b in range(B):
+        seen = set()
+        for g in range(layout.queries.shape[0]):
+            Wq, Wk = layout.queries.shape[1], layout.keys.shape[1]
+            for a in range(Wq):
+                if layout.mask[b, g, a].any():  # a real query (padding slots see nothing)
+                    assert layout.keys[g, Wk - Wq + a] == layout.queries[g, a]
+                for c in range(Wk):
+                    if layout.mask[b, g, a, c]:
+                        seen.add((int(layout.queries[g, a]) - L, int(layout.keys[g, c]) - L))
+        want = set()
+        for i in range(n):
+            t = start + i
+            for j in range(-L, n):
+                s = start + j
+                if s >= 0 and j < lengths[b] and (t // W) * W - extra_length <= s <= t:
+                    want.add((i, j))
+        assert seen == want
+
+
 def test_memory_is_used_beyond_the_local_window():
     torch.manual_seed(6)
     model = HTMTransformer(**SMALL).eval()
