@@ -71,14 +71,12 @@ class _Head(nn.Module):
             per_step = F.cross_entropy(out.flatten(0, 1), inputs.flatten(), reduction="none").view(inputs.shape)
         else:
             target = inputs.float()
-            if bool((target < 0).any() or (target > 1).any()):
+            if bool(((target < 0) | (target > 1)).any()):  # one check (one sync) per step
                 raise ValueError("reconstruction of feature inputs needs features in [0, 1] (a sigmoid "
                                  f"cross-entropy), got values in [{float(target.min())}, {float(target.max())}]")
             per_step = F.binary_cross_entropy_with_logits(out, target, reduction="none").mean(-1)
-        if mask is None:
-            return per_step.mean()
-        weights = mask.to(per_step.dtype)
-        return (per_step * weights).sum() / weights.sum().clamp_min(1.0)
+        flat_mask = None if mask is None else mask.reshape(-1)  # the mean over every valid step of the batch
+        return masked_mean(per_step.reshape(-1, 1), flat_mask, dim=0)[0]
 
 
 class Tagger(_Head):

@@ -667,8 +667,7 @@ class HTMLayer(nn.Module):
         if isinstance(self.local, RelativeAttention):  # causal local self-attention
             read = self.local(queries, keys, mask, causal=False)
         else:
-            q, (k, v) = self.local.heads_q(queries), self.local.heads_kv(keys)
-            read = self.local.attend(q, k, v, mask=mask[:, None])
+            read = self.local(queries, keys, attn_mask=mask[:, None])
         x = x + read.view(B, G * Wq, D)[:, local.offset : local.offset + N]
         x = x + self.memory.read(self.norm_memory(x), *chunks)  # HTM block: x + sum_i R_i MHA(LN(x), C_i)
         return x + self.ff(self.norm_ff(x))
