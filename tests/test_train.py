@@ -177,8 +177,10 @@ def test_trainer_adds_the_auxiliary_loss(tmp_path):
     torch.manual_seed(0)
     model = Tagger(TinyRNN(16), 16, 10, vocab_size=10, reconstruction=1.0)
     before = model.decoder.weight.detach().clone()
-    train(model, task, config(tmp_path, steps=3))
+    result = train(model, task, config(tmp_path, steps=3, log_every=1))
     assert not torch.allclose(model.decoder.weight, before)
+    logged = [row for row in result.history if row["split"] == "train"]
+    assert len(logged) == 3 and all(row["auxiliary_loss"] > 0 for row in logged)  # logged apart
 
 
 def test_reconstruction_bad_input():

@@ -167,7 +167,7 @@ def train(
     )
     t0 = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
-    run_loss = run_correct = run_count = 0.0
+    run_loss = run_correct = run_count = run_auxiliary = 0.0
     stopped_early = False
     step = start_step
     model.train()
@@ -184,12 +184,13 @@ def train(
         scheduler.step()
         step += 1
         run_loss, run_correct, run_count = run_loss + loss.item(), run_correct + int(correct), run_count + int(count)
+        run_auxiliary += 0.0 if auxiliary is None else auxiliary.item()
         window_tokens += batch.num_tokens * ctx.world_size
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            stats = distributed.all_reduce_mean(
-                torch.tensor([run_loss / cfg.log_every, 100.0 * run_correct / max(1.0, run_count)]), ctx
-            )
+            stats = distributed.all_reduce_mean(torch.tensor(
+                [run_loss / cfg.log_every, 100.0 * run_correct / max(1.0, run_count), run_auxiliary / cfg.log_every]
+            ), ctx)
             elapsed = time.perf_counter() - window_start
             row = {
                 "step": step, "split": "train", "loss": round(float(stats[0]), 5),
@@ -197,10 +198,12 @@ def train(
                 "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)),
                 "seconds": round(time.perf_counter() - t0, 2),
             }
+            if auxiliary is not None:  # the weighted auxiliary loss, logged apart from the task loss
+                row["auxiliary_loss"] = round(float(stats[2]), 5)
             history.append(row)
             logger.log(row)
             bar.set_postfix(loss=row["loss"], acc=row["accuracy"], tok_s=row["tokens_per_second"])
-            run_loss = run_correct = run_count = 0.0
+            run_loss = run_correct = run_count = run_auxiliary = 0.0
             window_tokens, window_start = 0, time.perf_counter()
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and ctx.is_main:
             row = {"step": step, "split": "val", **evaluate(model, task, eval_bs, cfg.eval_examples, "val")}
