@@ -175,7 +175,7 @@ def test_relative_attention_matches_naive_loops(causal):
     key_valid[0, 0] = False  # an empty memory slot
     key_valid[1, :M] = False  # no memory at all
     key_valid[1, M + 2] = False  # a padded step in the segment
-    got = ra(x, context, key_valid, causal=causal)
+    got = ra(x, context, key_mask=key_valid, causal=causal)
     want = naive_relative_attention(ra, x, context, key_valid, causal)
     close(got, want, 1e-6)  # sinusoids are float32
 
@@ -351,7 +351,7 @@ def test_xl_layer_equations():
     for gated in (False, True):
         layer = _xl(gated=gated).layers[0]
         ctx = layer.norm_attn(torch.cat([memory, h], 1))
-        y = layer.attn(ctx[:, 3:], ctx, valid, causal=True)
+        y = layer.attn(ctx[:, 3:], ctx, key_mask=valid, causal=True)
         if gated:
             e = layer.gate_attn(h, torch.relu(y))
             want = layer.gate_ff(e, torch.relu(layer.ff(layer.norm_ff(e))))

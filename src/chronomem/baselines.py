@@ -180,7 +180,7 @@ class XLLayer(nn.Module):
     def forward(self, h: Tensor, memory: Tensor, key_valid: Tensor, causal: bool) -> Tensor:
         # LN is per token, so LN([M; E]) = [LN(M); LN(E)]; the queries are the segment's own rows.
         context = self.norm_attn(torch.cat([memory, h], dim=1))
-        y = self.attn(context[:, memory.shape[1] :], context, key_valid, causal=causal)
+        y = self.attn(context[:, memory.shape[1] :], context, key_mask=key_valid, causal=causal)
         h = self.gate_attn(h, F.relu(y)) if self.gated else h + y
         y = self.ff(self.norm_ff(h))
         return self.gate_ff(h, F.relu(y)) if self.gated else h + y

@@ -664,10 +664,7 @@ class HTMLayer(nn.Module):
         queries = normed[:, local.queries.flatten()].view(B * G, Wq, D)  # each block's queries are
         keys = normed[:, local.keys.flatten()].view(B * G, -1, D)  # its last keys, consecutive steps
         mask = local.mask.flatten(0, 1)  # [B * G, Wq, Wk], causality included
-        if isinstance(self.local, RelativeAttention):  # causal local self-attention
-            read = self.local(queries, keys, mask, causal=False)
-        else:
-            read = self.local(queries, keys, attn_mask=mask[:, None])
+        read = self.local(queries, keys, attn_mask=mask[:, None])  # causal local self-attention
         x = x + read.view(B, G * Wq, D)[:, local.offset : local.offset + N]
         x = x + self.memory.read(self.norm_memory(x), *chunks)  # HTM block: x + sum_i R_i MHA(LN(x), C_i)
         return x + self.ff(self.norm_ff(x))

@@ -312,15 +312,26 @@ class RelativeAttention(nn.Module):
         scores = (q + self.v[:, None, :]) @ r.transpose(-1, -2)  # [B, H, Nq, P]
         return relative_shift(scores, n_key) * self.head_dim**-0.5
 
-    def forward(self, x: Tensor, context: Tensor, key_valid: Tensor, causal: bool = True) -> Tensor:
-        """``x [B, Nq, D]`` (normed queries), ``context [B, Nk, D]`` (normed ``[memory; x]``, so the
-        queries are the last ``Nq`` keys, at consecutive positions), ``key_valid [B, Nk]`` (or a
-        per-query ``[B, Nq, Nk]``). Causal = each query sees the whole memory and the segment up to itself."""
-        q = self.attn.heads_q(x)  # [B, H, Nq, Dh]
-        k, v = self.attn.heads_kv(context)  # [B, H, Nk, Dh]
-        n_key = k.shape[-2]
-        bias = self.position_bias(q, n_key)
-        mask = key_valid[:, None, None, :] if key_valid.dim() == 2 else key_valid[:, None]  # [B, 1, ., Nk]
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        """``query [B, Nq, D]`` (normed), ``key_value [B, Nk, D]`` (normed ``[memory; query]``: the queries
+        are the last ``Nq`` keys, at consecutive positions). Masks as in ``MultiHeadAttention.forward``
+        (``key_mask [B, Nk]``, ``attn_mask`` broadcastable to ``[B, H, Nq, Nk]``), so the two are
+        interchangeable. Causal = each query sees the memory and the segment up to itself."""
+        q = self.attn.heads_q(query)  # [B, H, Nq, Dh]
+        k, v = self.attn.heads_kv(key_value)  # [B, H, Nk, Dh]
+        bias = self.position_bias(q, k.shape[-2])
+        mask = attn_mask
+        if key_mask is not None:
+            km = key_mask[:, None, None, :]  # [B, 1, 1, Nk]
+            mask = km if mask is None else mask & km
         return self.attn.attend(q + self.u[:, None, :], k, v, mask=mask, bias=bias, causal=causal)
 
 
