@@ -18,6 +18,7 @@ from chronomem.layers import (
     masked_mean,
     pad_to_multiple,
     sinusoid_encoding,
+    variance_scaling_,
 )
 
 
@@ -111,6 +112,21 @@ def test_sinusoid_encoding():
     torch.testing.assert_close(sinusoid_encoding(5, 8, reverse=True), pe.flip(0))
     with pytest.raises(ValueError, match="even"):
         sinusoid_encoding(5, 7)
+
+
+def test_variance_scaling_matches_haiku_statistics():
+    """Haiku's VarianceScaling(scale): truncated at 2 std of the underlying normal, variance scale/fan_in."""
+    torch.manual_seed(0)
+    linear = variance_scaling_(torch.nn.Linear(400, 300), 2.0)
+    w = linear.weight
+    target_std = math.sqrt(2.0 / 400)
+    assert abs(float(w.std()) / target_std - 1) < 0.02  # 120k draws: the variance is scale / fan_in
+    assert float(w.abs().max()) <= 2 * target_std / 0.87962566103423978 + 1e-7  # truncated at 2 sigma
+    assert torch.equal(linear.bias, torch.zeros(300))
+    with pytest.raises(ValueError, match="scale"):
+        variance_scaling_(torch.nn.Linear(3, 3), 0.0)
+    with pytest.raises(TypeError, match="nn.Linear"):
+        variance_scaling_(torch.nn.Conv1d(3, 3, 1), 1.0)
 
 
 def test_masks_and_padding():

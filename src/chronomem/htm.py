@@ -20,7 +20,8 @@ single-head relevance with bias-free projections scaled by ``1/sqrt(D)``; maskin
 negative value *before* top-k; softmax over the k selected logits only; one multi-head attention
 (with biases) shared by all chunks, queried by the normed input itself; a sinusoid position
 encoding over the ``C`` slots of a chunk (reversed: the newest slot is position 0) added to the
-contents only; stop-gradient on keys and contents.
+contents only; stop-gradient on keys and contents; the relevance and within-chunk projections
+initialised with ``VarianceScaling(2)`` (variance 2/fan-in, zero biases; ``init_scale``).
 
 Deliberate differences from the released module (documented improvements):
 
@@ -87,6 +88,7 @@ from chronomem.layers import (
     check_state_batch,
     check_tensor,
     sinusoid_encoding,
+    variance_scaling_,
 )
 from chronomem.registry import register_model
 
@@ -482,6 +484,7 @@ class HTMAttention(nn.Module):
         position_encoding: bool = True,
         dropout: float = 0.0,
         memory_gradient: bool = False,
+        init_scale: float | None = 2.0,
     ):
         super().__init__()
         check_heads(dim, num_heads)
@@ -501,6 +504,9 @@ class HTMAttention(nn.Module):
         self.to_key = nn.Linear(dim, dim, bias=False)
         # Within-chunk attention: one MHA with biases shared by all chunks.
         self.within = MultiHeadAttention(dim, num_heads, dropout=dropout)
+        if init_scale is not None:  # the released module's initialisation: VarianceScaling(init_scale=2)
+            for linear in (self.to_query, self.to_key, self.within.to_q, self.within.to_kv, self.within.to_out):
+                variance_scaling_(linear, init_scale)
         if position_encoding:  # reversed sinusoids over the C slots: the newest slot is position 0
             self.register_buffer(
                 "slot_encoding", sinusoid_encoding(chunk_size, dim, reverse=True), persistent=False
@@ -633,6 +639,7 @@ class HTMLayer(nn.Module):
         position_encoding: bool = True,
         memory_gradient: bool = False,
         relative_positions: bool = True,
+        init_scale: float | None = 2.0,
     ):
         super().__init__()
         self.norm_local = nn.LayerNorm(dim)
@@ -651,6 +658,7 @@ class HTMLayer(nn.Module):
             position_encoding=position_encoding,
             dropout=dropout,
             memory_gradient=memory_gradient,
+            init_scale=init_scale,
         )
         self.norm_ff = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, dropout)
@@ -698,6 +706,7 @@ class HTMTransformer(nn.Module):
         position_encoding: bool = True
         memory_gradient: bool = False
         relative_positions: bool = True
+        init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -729,6 +738,7 @@ class HTMTransformer(nn.Module):
                 position_encoding=cfg.position_encoding,
                 memory_gradient=cfg.memory_gradient,
                 relative_positions=cfg.relative_positions,
+                init_scale=cfg.init_scale,
             )
             for _ in range(cfg.depth)
         )

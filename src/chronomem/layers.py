@@ -130,6 +130,27 @@ def masked_mean(x: Tensor, mask: Tensor | None, dim: int = 1) -> Tensor:
     return (x * weights).sum(dim) / weights.sum(dim).clamp_min(1.0)
 
 
+# Haiku's truncated normal keeps values within 2 standard deviations; dividing by this constant (the
+# standard deviation of a unit normal truncated to [-2, 2]) gives the truncated draw the intended variance.
+TRUNCATED_NORMAL_STD = 0.87962566103423978
+
+
+@torch.no_grad()
+def variance_scaling_(linear: nn.Linear, scale: float) -> nn.Linear:
+    """Initialise ``linear`` like Haiku's ``VarianceScaling(scale)`` (fan-in mode, truncated normal):
+    weights with variance ``scale / fan_in``, biases zero. Used where a paper's released code sets
+    the initialisation (e.g. HTM's attention module, ``init_scale=2``)."""
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+    if scale <= 0:
+        raise ValueError(f"scale must be > 0, got {scale}")
+    std = math.sqrt(scale / linear.in_features) / TRUNCATED_NORMAL_STD
+    nn.init.trunc_normal_(linear.weight, std=std, a=-2 * std, b=2 * std)
+    if linear.bias is not None:
+        linear.bias.zero_()
+    return linear
+
+
 # --------------------------------------------------------------------------------------------
 # Position encodings
 # --------------------------------------------------------------------------------------------
