@@ -274,11 +274,16 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         q = self.heads_q(query)
         k, v = self.heads_kv(query if key_value is None else key_value)
-        mask = attn_mask
-        if key_mask is not None:
-            km = key_mask[:, None, None, :]  # [B, 1, 1, Nk]
-            mask = km if mask is None else mask & km
-        return self.attend(q, k, v, mask=mask, causal=causal)
+        return self.attend(q, k, v, mask=merge_masks(key_mask, attn_mask), causal=causal)
+
+
+def merge_masks(key_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor | None:
+    """One boolean mask for ``attend`` from ``key_mask [B, Nk]`` and ``attn_mask`` (broadcastable to
+    ``[B, H, Nq, Nk]``); either may be None."""
+    if key_mask is None:
+        return attn_mask
+    km = key_mask[:, None, None, :]  # [B, 1, 1, Nk]
+    return km if attn_mask is None else attn_mask & km
 
 
 def relative_shift(scores: Tensor, n_key: int) -> Tensor:
@@ -349,10 +354,7 @@ class RelativeAttention(nn.Module):
         q = self.attn.heads_q(query)  # [B, H, Nq, Dh]
         k, v = self.attn.heads_kv(key_value)  # [B, H, Nk, Dh]
         bias = self.position_bias(q, k.shape[-2])
-        mask = attn_mask
-        if key_mask is not None:
-            km = key_mask[:, None, None, :]  # [B, 1, 1, Nk]
-            mask = km if mask is None else mask & km
+        mask = merge_masks(key_mask, attn_mask)
         return self.attn.attend(q + self.u[:, None, :], k, v, mask=mask, bias=bias, causal=causal)
 
 
