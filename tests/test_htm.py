@@ -87,6 +87,28 @@ def test_attention_matches_naive_reference(top_k):
     )
 
 
+def test_memory_norm_reads_layer_normed_memory():
+    """``memory_norm=True`` is the literal read on LN(summaries) and LN(steps) (no learned scale), so the
+    read no longer depends on the scale of what was stored; without it, it does."""
+    torch.manual_seed(1)
+    B, M, C, D, Q = 2, 6, 4, 8, 3
+    keys, contents, slot_valid, valid = random_memory(B, M, C, D, seed=3)
+    queries = torch.randn(B, Q, D)
+    normed = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C, memory_norm=True)
+    got = normed(queries, as_memory(keys, contents, slot_valid, valid))
+    ln = lambda t: torch.nn.functional.layer_norm(t, (D,))
+    with torch.no_grad():
+        want = naive_read(normed, queries, ln(keys), ln(contents), slot_valid, valid)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    scaled = normed(queries, as_memory(7 * keys + 2, 7 * contents + 2, slot_valid, valid))
+    torch.testing.assert_close(scaled, got, atol=1e-4, rtol=1e-4)  # LN removes a per-step scale and shift
+    plain = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C)
+    plain.load_state_dict(normed.state_dict())
+    a = plain(queries, as_memory(keys, contents, slot_valid, valid))
+    b = plain(queries, as_memory(7 * keys + 2, 7 * contents + 2, slot_valid, valid))
+    assert (a - b).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize("memory_gradient", [False, True])
 def test_gradients_match_naive_reference(memory_gradient):
     """The fast read moves the K/V projections onto the query side; parameter and query gradients
@@ -329,7 +351,8 @@ def run_in_pieces(model, x, size, mask=None):
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"extra_length": 3}, {"overlap": 1}, {"shared_memory": True}, {"memory_size": 2, "top_k": 2}],
+    [{}, {"extra_length": 3}, {"overlap": 1}, {"shared_memory": True}, {"memory_size": 2, "top_k": 2},
+     {"memory_norm": True}],
 )
 def test_step_window_and_sequence_agree(options):
     torch.manual_seed(5)

@@ -63,6 +63,14 @@ stop-gradient, nothing trains the layers below to write what a later query will 
 through the local window. The paper's RL agent has a loss at every step and a reconstruction loss
 (App. D.4) to shape what it stores.
 
+A second option, ``memory_norm=True``, reads the memory through a LayerNorm without learned
+parameters: the relevance scores LN(summary) and the within-chunk attention reads LN(step). Each
+layer stores its raw inputs, i.e. the residual stream, whose scale grows during training; read raw,
+the relevance logits saturate (in a quick Ballet run their spread over chunks reached 44 after
+20 min) and the top-1 chunk is picked by the stream's scale, not by its content. Pre-LN
+Transformer-XL, the agent memory HTM replaces (Sec. 2 "Agents"), normalises its memory the same way
+at read time. Stored values, the summary (the mean before LN) and the visibility rule are unchanged.
+
 Episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
 ``state.reset(done)`` (the memory object itself handles boundaries inside ``write``).
 """
@@ -472,6 +480,8 @@ class HTMAttention(nn.Module):
 
     ``memory_gradient=True`` (off by default; a deviation from Section 2's stop-gradient) lets
     gradients flow into the keys and contents it reads; see ``HTMTransformer``.
+    ``memory_norm=True`` (off by default; a deviation) reads LN(summaries) and LN(steps), LayerNorm
+    without learned parameters, applied before the slot position encoding; see the module docstring.
     """
 
     def __init__(
@@ -485,6 +495,7 @@ class HTMAttention(nn.Module):
         dropout: float = 0.0,
         memory_gradient: bool = False,
         init_scale: float | None = 2.0,
+        memory_norm: bool = False,
     ):
         super().__init__()
         check_heads(dim, num_heads)
@@ -495,6 +506,7 @@ class HTMAttention(nn.Module):
         )
         self.position_encoding = position_encoding
         self.memory_gradient = memory_gradient
+        self.memory_norm = memory_norm
         if position_encoding and dim % 2:
             raise ValueError(
                 f"dim must be even for the sinusoid position encoding of the chunk slots, got {dim}"
@@ -543,6 +555,8 @@ class HTMAttention(nn.Module):
             raise ValueError(f"top_k={k} is larger than the memory capacity M={M}")
         if not self.memory_gradient:  # Section 2: stop gradients into memory
             keys, contents = keys.detach(), contents.detach()
+        if self.memory_norm:  # deviation (option): read LN(summary) and LN(step), as pre-LN TrXL reads LN(memory)
+            keys, contents = F.layer_norm(keys, (D,)), F.layer_norm(contents, (D,))
         visible = valid[:, None, :].expand(B, Q, M)
         if mask is not None:
             visible = visible & mask
@@ -640,6 +654,7 @@ class HTMLayer(nn.Module):
         memory_gradient: bool = False,
         relative_positions: bool = True,
         init_scale: float | None = 2.0,
+        memory_norm: bool = False,
     ):
         super().__init__()
         self.norm_local = nn.LayerNorm(dim)
@@ -659,6 +674,7 @@ class HTMLayer(nn.Module):
             dropout=dropout,
             memory_gradient=memory_gradient,
             init_scale=init_scale,
+            memory_norm=memory_norm,
         )
         self.norm_ff = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, dropout)
@@ -707,6 +723,7 @@ class HTMTransformer(nn.Module):
         memory_gradient: bool = False
         relative_positions: bool = True
         init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
+        memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -739,6 +756,7 @@ class HTMTransformer(nn.Module):
                 memory_gradient=cfg.memory_gradient,
                 relative_positions=cfg.relative_positions,
                 init_scale=cfg.init_scale,
+                memory_norm=cfg.memory_norm,
             )
             for _ in range(cfg.depth)
         )
