@@ -68,8 +68,8 @@ parameters: the relevance scores LN(summary) and the within-chunk attention read
 layer stores its raw inputs, i.e. the residual stream, whose scale grows during training; read raw,
 the relevance logits saturate (in a quick Ballet run their spread over chunks reached 44 after
 20 min) and the top-1 chunk is picked by the stream's scale, not by its content. Pre-LN
-Transformer-XL, the agent memory HTM replaces (Sec. 2 "Agents"), normalises its memory the same way
-at read time. Stored values, the summary (the mean before LN) and the visibility rule are unchanged.
+Transformer-XL, the agent memory HTM replaces (Sec. 2 "Agents"), likewise reads LN(memory) (with
+its layer's learned LayerNorm). Stored values, the summary (the mean before LN) and the visibility rule are unchanged.
 
 Episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
 ``state.reset(done)`` (the memory object itself handles boundaries inside ``write``).
