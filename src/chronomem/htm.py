@@ -69,7 +69,8 @@ layer stores its raw inputs, i.e. the residual stream, whose scale grows during 
 the relevance logits saturate (in a quick Ballet run their spread over chunks reached 44 after
 20 min) and the top-1 chunk is picked by the stream's scale, not by its content. Pre-LN
 Transformer-XL, the agent memory HTM replaces (Sec. 2 "Agents"), likewise reads LN(memory) (with
-its layer's learned LayerNorm). Stored values, the summary (the mean before LN) and the visibility rule are unchanged.
+its layer's learned LayerNorm). Stored values, the summary (the mean before LN) and the visibility
+rule are unchanged. Cost: one more elementwise pass over the memory per read, like the slot encoding.
 
 Episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
 ``state.reset(done)`` (the memory object itself handles boundaries inside ``write``).
