@@ -4,7 +4,9 @@ Paper 002 reports 0.417 s (BLRP) vs 0.396 s (TLB) at batch 32 x 10,000 tokens on
 three backbones are built with the ListOps ``paper`` settings of ``chronomem run listops`` (width 64,
 8 heads, FFN 128, segment/chunk 100, latent/state 100, two self-attention layers each) and timed side by
 side in one process on the same random ``x [B, N, 64]`` (``torch.no_grad``, interleaved repeats,
-median). The ratios BLRP/TLB and Transformer/TLB, Transformer/BLRP are printed.
+median). The ratios BLRP/TLB and Transformer/TLB, Transformer/BLRP are printed, in seconds and in
+floating-point operations (``torch.utils.flop_counter`` on one sequence of the same length: matmuls
+and attention, the work the equations demand whatever the hardware).
 
     python benchmarks/listops_inference.py      # batch 32 x 10,000 (the Transformer takes minutes)
     python benchmarks/listops_inference.py --batch 4 --repeats 3 --skip-transformer
@@ -18,6 +20,7 @@ import time
 
 import torch
 
+from chronomem.bench import count_flops
 from chronomem.experiments.listops import SCALES, model_options
 from chronomem.registry import get_model
 
@@ -60,11 +63,18 @@ def main(argv=None) -> None:
         params = sum(q.numel() for q in models[name].parameters())
         runs = [round(s, 3) for s in seconds[name]]
         print(f"  {name:12s} {median[name]:8.3f} s   ({params:,} parameters; runs {runs})")
+    # FLOPs grow linearly with the batch: count one sequence (the Transformer's pass is quadratic, but
+    # counting is cheap next to timing it).
+    flops = {name: count_flops(models[name], x[:1]) for name in names}
+    print("floating-point operations per sequence: "
+          + ", ".join(f"{name} {flops[name] / 1e9:.2f} G" for name in names))
     ratio = median["blrp"] / median["tlb"]
-    print(f"ratio BLRP / TLB        = {ratio:.2f}   (paper 002: 0.417 / 0.396 = 1.05; target <= 1.1)")
+    print(f"ratio BLRP / TLB         = {ratio:.2f} s, {flops['blrp'] / flops['tlb']:.2f} FLOPs"
+          "   (paper 002: 0.417 / 0.396 s = 1.05; target <= 1.1)")
     if "transformer" in median:
-        print(f"ratio Transformer / TLB  = {median['transformer'] / median['tlb']:.2f}   (target >= 5)")
-        print(f"ratio Transformer / BLRP = {median['transformer'] / median['blrp']:.2f}   (target >= 5)")
+        for name in ("tlb", "blrp"):
+            print(f"ratio Transformer / {name.upper():4s} = {median['transformer'] / median[name]:.2f} s, "
+                  f"{flops['transformer'] / flops[name]:.2f} FLOPs   (target >= 5)")
 
 
 if __name__ == "__main__":

@@ -143,3 +143,19 @@ def test_peer_comparison_schema():
             if name != "chronomem":
                 assert row[mode]["time_ratio"] > 0
     assert bench.peer_report(result)[0].startswith("## HTMAttention")
+
+
+@pytest.mark.parametrize("key_mask", [False, True])
+def test_count_flops_of_attention_equals_hand_count(key_mask):
+    """Self-attention over N tokens: four D x D projections (q, k, v, out) and two N x N x D products,
+    2 FLOPs per multiply-add. The attention runs through SDPA, which the counter must not miss."""
+    import torch
+
+    from chronomem.layers import MultiHeadAttention
+
+    n, d = 12, 16
+    attn = MultiHeadAttention(d, num_heads=4)
+    x = torch.randn(1, n, d)
+    mask = torch.ones(1, n, dtype=torch.bool) if key_mask else None
+    flops = bench.count_flops(lambda t: attn(t, key_mask=mask), x)
+    assert flops == 2 * n * d * d * 4 + 2 * 2 * n * n * d

@@ -137,6 +137,22 @@ def _emit(**record) -> None:
     print(MARK + json.dumps(record), flush=True)
 
 
+def count_flops(model, x) -> int:
+    """Floating-point operations of one inference pass ``model(x)``: matmuls and attention, counted by
+    ``torch.utils.flop_counter`` (2 per multiply-add; elementwise work is not counted). The counter
+    knows the CUDA attention kernels; SDPA on a CPU dispatches to an op it does not, mapped here."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    def cpu_attention(query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_attention}
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        model(x)
+    return counter.get_total_flops()
+
+
 def _forward(model, x, stream: int | None):
     """Outputs of one pass, as a list of parts (one per streamed call)."""
     if not stream or x.shape[1] <= stream:
