@@ -87,11 +87,12 @@ def test_attention_matches_naive_reference(top_k):
     )
 
 
-def test_memory_norm_reads_layer_normed_memory():
+@pytest.mark.parametrize("Q", [1, 3])  # Q * top_k < M: LN of the gathered slots; >= M: of the whole memory
+def test_memory_norm_reads_layer_normed_memory(Q):
     """``memory_norm=True`` is the literal read on LN(summaries) and LN(steps) (no learned scale), so the
     read no longer depends on the scale of what was stored; without it, it does."""
     torch.manual_seed(1)
-    B, M, C, D, Q = 2, 6, 4, 8, 3
+    B, M, C, D = 2, 6, 4, 8
     keys, contents, slot_valid, valid = random_memory(B, M, C, D, seed=3)
     queries = torch.randn(B, Q, D)
     normed = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C, memory_norm=True)
@@ -110,13 +111,19 @@ def test_memory_norm_reads_layer_normed_memory():
 
 
 @pytest.mark.parametrize("memory_gradient", [False, True])
-def test_gradients_match_naive_reference(memory_gradient):
+@pytest.mark.parametrize(("memory_norm", "Q"), [(False, 5), (True, 5), (True, 1)])
+def test_gradients_match_naive_reference(memory_gradient, memory_norm, Q):
     """The fast read moves the K/V projections onto the query side; parameter and query gradients
     must still equal those of the literal per-chunk read (float64, so only rounding differs). With
-    ``memory_gradient`` the gradients into the keys and contents must equal the literal read's too."""
+    ``memory_gradient`` the gradients into the keys and contents must equal the literal read's too,
+    also through ``memory_norm``'s LayerNorm, taken on the whole memory (Q=5) or on each query's
+    gathered slots (Q=1: Q * top_k < M)."""
     torch.manual_seed(4)
-    B, M, C, D, Q = 2, 6, 4, 8, 5
-    attn = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C, memory_gradient=memory_gradient).double()
+    B, M, C, D = 2, 6, 4, 8
+    attn = HTMAttention(
+        D, num_heads=2, top_k=3, chunk_size=C, memory_gradient=memory_gradient, memory_norm=memory_norm
+    ).double()
+    ln = (lambda t: torch.nn.functional.layer_norm(t, (D,))) if memory_norm else (lambda t: t)
     memory = [t.double() if t.is_floating_point() else t for t in random_memory(B, M, C, D)]
     queries = torch.randn(B, Q, D, dtype=torch.float64)
     mask = torch.rand(B, Q, M) > 0.3
@@ -126,7 +133,7 @@ def test_gradients_match_naive_reference(memory_gradient):
         q = queries.clone().requires_grad_(True)
         keys, contents = (t.clone().requires_grad_(memory_gradient) for t in memory[:2])
         if naive:
-            out = naive_read(attn, q, keys, contents, *memory[2:], mask)
+            out = naive_read(attn, q, ln(keys), ln(contents), *memory[2:], mask)
         else:
             out = attn(q, as_memory(keys, contents, *memory[2:]), mask)
         (out * torch.linspace(-1, 1, D, dtype=torch.float64)).sum().backward()
@@ -138,12 +145,15 @@ def test_gradients_match_naive_reference(memory_gradient):
 
 
 @pytest.mark.parametrize("rows_per_block", [1, 3, 1000])
-def test_blockwise_mix_matches_plain_autograd(rows_per_block, monkeypatch):
+@pytest.mark.parametrize("slot_transform", [False, True])
+def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform, monkeypatch):
     """``mix_selected_chunks`` (blocks of queries, a backward that gathers again) == plain autograd,
-    values and gradients, whatever the block size; and it passes gradcheck."""
+    values and gradients (into the table too), whatever the block size, also when the gathered slots
+    are read through LN and a slot encoding; and it passes gradcheck."""
     g = torch.Generator().manual_seed(5)
     N, H, k, C, D, R = 7, 2, 3, 4, 6, 5
-    table = torch.randn(R, C, D, generator=g, dtype=torch.float64)
+    table = (3 * torch.randn(R, C, D, generator=g, dtype=torch.float64) + 1).requires_grad_(True)
+    transform = (True, torch.randn(C, D, generator=g, dtype=torch.float64)) if slot_transform else (False, None)
     slot_table = torch.rand(R, C, generator=g) > 0.3
     slot_table[:, -1] = True
     slot_table[2] = False  # an empty (invalid) chunk: read with weight 0
@@ -153,15 +163,16 @@ def test_blockwise_mix_matches_plain_autograd(rows_per_block, monkeypatch):
     weights = torch.where(rows == 2, 0.0, weights).requires_grad_(True)
     monkeypatch.setattr(htm, "BLOCK_BYTES", rows_per_block * k * C * D * 8)
     upstream = torch.randn(N, H, D, generator=g, dtype=torch.float64)
-    got = htm.mix_selected_chunks(q, weights, table, slot_table, rows)
-    want = htm._mix_selected_chunks_autograd(q, weights, table, slot_table, rows)
+    got = htm.mix_selected_chunks(q, weights, table, slot_table, rows, *transform)
+    want = htm._mix_selected_chunks_autograd(q, weights, table, slot_table, rows, 0.0, *transform)
     torch.testing.assert_close(got, want)
-    grads_got = torch.autograd.grad((got * upstream).sum(), (q, weights))
-    grads_want = torch.autograd.grad((want * upstream).sum(), (q, weights))
+    grads_got = torch.autograd.grad((got * upstream).sum(), (q, weights, table))
+    grads_want = torch.autograd.grad((want * upstream).sum(), (q, weights, table))
     for a, b in zip(grads_got, grads_want, strict=True):
         assert b.abs().max() > 0
         torch.testing.assert_close(a, b)
-    assert torch.autograd.gradcheck(lambda q, w: htm.mix_selected_chunks(q, w, table, slot_table, rows), (q, weights))
+    mix = lambda q, w, t: htm.mix_selected_chunks(q, w, t, slot_table, rows, *transform)
+    assert torch.autograd.gradcheck(mix, (q, weights, table))
 
 
 def test_attention_dropout_path():

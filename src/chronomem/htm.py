@@ -70,7 +70,9 @@ the relevance logits saturate (in a quick Ballet run their spread over chunks re
 20 min) and the top-1 chunk is picked by the stream's scale, not by its content. Pre-LN
 Transformer-XL, the agent memory HTM replaces (Sec. 2 "Agents"), likewise reads LN(memory) (with
 its layer's learned LayerNorm). Stored values, the summary (the mean before LN) and the visibility
-rule are unchanged. Cost: one more elementwise pass over the memory per read, like the slot encoding.
+rule are unchanged. Cost: LN of the M summaries, and of the memory's steps or, when a call has
+few queries (one step of an agent), of each query's k*C gathered slots only; the slot encoding is
+added the same way.
 
 Episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
 ``state.reset(done)`` (the memory object itself handles boundaries inside ``write``).
@@ -366,6 +368,18 @@ def _prefix_lengths(mask: Tensor | None, batch: int, n: int, device) -> Tensor:
 BLOCK_BYTES = 8 * 2**20
 
 
+def _prepare_slots(chunks: Tensor, norm: bool, slot_encoding: Tensor | None) -> Tensor:
+    """What the within-chunk attention reads of gathered chunks ``[..., C, D]``: LN(step) when
+    ``norm`` (``memory_norm``), plus the slot position encoding ``[C, D]`` when given. Both act slot by
+    slot, so applying them to the k gathered chunks of a query equals applying them to the whole
+    memory first, at O(k*C*D) instead of O(M*C*D) per read."""
+    if norm:
+        chunks = F.layer_norm(chunks, chunks.shape[-1:])
+    if slot_encoding is not None:
+        chunks = chunks + slot_encoding.to(chunks.dtype)
+    return chunks
+
+
 def _mix_block(
     q: Tensor, weights: Tensor, chunks: Tensor, slots: Tensor, dropout: float = 0.0
 ) -> tuple[Tensor, Tensor]:
@@ -384,12 +398,15 @@ def _mix_block(
     return p, mixed
 
 
-def _mix_selected_chunks_autograd(q, weights, table, slot_table, rows, dropout: float = 0.0) -> Tensor:
+def _mix_selected_chunks_autograd(
+    q, weights, table, slot_table, rows, dropout: float = 0.0, norm: bool = False, slot_encoding=None
+) -> Tensor:
     """Reference of ``mix_selected_chunks`` in plain autograd (one block; saves the gathered chunks).
     Used with attention dropout, and by the tests."""
     n, k = rows.shape
     flat_rows = rows.flatten()
     chunks = table.index_select(0, flat_rows).view(n, k, *table.shape[1:])
+    chunks = _prepare_slots(chunks, norm, slot_encoding)
     slots = slot_table.index_select(0, flat_rows).view(n, k, -1)
     return _mix_block(q, weights, chunks, slots, dropout)[1]
 
@@ -400,11 +417,12 @@ class _MixSelectedChunks(torch.autograd.Function):
     Saves only the within-chunk softmax ``p [N, H, k, C]`` (a few numbers per selected slot), not the
     gathered contents ``[N, k, C, D]``: memory stays O(N*k*C*H) and the gather buffers are small and
     reused. ``table`` (the chunk contents) gets a gradient only when it requires one
-    (``memory_gradient=True``): scattered back to its rows with ``index_add_``.
+    (``memory_gradient=True``): scattered back to its rows with ``index_add_``. The slots are read
+    through ``_prepare_slots`` after the gather (and again in the backward).
     """
 
     @staticmethod
-    def forward(ctx, q, weights, table, slot_table, rows, block):
+    def forward(ctx, q, weights, table, slot_table, rows, block, norm, slot_encoding):
         N, H, D = q.shape
         k = rows.shape[1]
         C = table.shape[1]
@@ -413,11 +431,11 @@ class _MixSelectedChunks(torch.autograd.Function):
         for start in range(0, N, block):
             end = min(N, start + block)
             r = rows[start:end].flatten()
-            chunks = table.index_select(0, r).view(end - start, k, C, D)
+            chunks = _prepare_slots(table.index_select(0, r).view(end - start, k, C, D), norm, slot_encoding)
             slots = slot_table.index_select(0, r).view(end - start, k, C)
             p[start:end], mixed[start:end] = _mix_block(q[start:end], weights[start:end], chunks, slots)
         ctx.save_for_backward(q, weights, table, rows, p)
-        ctx.block = block
+        ctx.block, ctx.norm, ctx.slot_encoding = block, norm, slot_encoding
         return mixed
 
     @staticmethod
@@ -431,7 +449,8 @@ class _MixSelectedChunks(torch.autograd.Function):
         for start in range(0, N, ctx.block):
             end = min(N, start + ctx.block)
             n = end - start
-            flat = table.index_select(0, rows[start:end].flatten()).view(n, k * C, D)
+            raw = table.index_select(0, rows[start:end].flatten()).view(n, k * C, D)
+            flat = _prepare_slots(raw.view(n, k, C, D), ctx.norm, ctx.slot_encoding).view(n, k * C, D)
             pb, wb = p[start:end], weights[start:end][:, None, :, None]
             # mixed = sum_{i,s} a_is c_is with a = R_i p_is
             grad_a = torch.bmm(grad_mixed[start:end], flat.transpose(1, 2)).view(n, H, k, C)
@@ -443,13 +462,27 @@ class _MixSelectedChunks(torch.autograd.Function):
                 a = (pb * wb).view(n, H, k * C)
                 coeff = torch.cat([a, grad_scores.view(n, H, k * C)], 1).transpose(1, 2)  # [n, k*C, 2H]
                 grad_flat = torch.bmm(coeff, torch.cat([grad_mixed[start:end], q[start:end]], 1))
+                if ctx.norm:  # back through the LayerNorm of the slots (the encoding adds a constant)
+                    with torch.enable_grad():
+                        raw = raw.detach().requires_grad_()
+                        normed = F.layer_norm(raw, (D,))
+                    grad_flat = torch.autograd.grad(normed, raw, grad_flat)[0]
                 grad_table.index_add_(0, rows[start:end].flatten(), grad_flat.view(n * k, C, D))
-        return grad_q, grad_w, grad_table, None, None, None
+        return grad_q, grad_w, grad_table, None, None, None, None, None
 
 
-def mix_selected_chunks(q: Tensor, weights: Tensor, table: Tensor, slot_table: Tensor, rows: Tensor) -> Tensor:
-    """``mixed[n, h] = sum_i weights[n, i] sum_s p[n, h, i, s] table[rows[n, i], s]`` with
-    ``p = softmax_s(q[n, h] . table[rows[n, i], s])`` over the valid slots (``slot_table``).
+def mix_selected_chunks(
+    q: Tensor,
+    weights: Tensor,
+    table: Tensor,
+    slot_table: Tensor,
+    rows: Tensor,
+    norm: bool = False,
+    slot_encoding: Tensor | None = None,
+) -> Tensor:
+    """``mixed[n, h] = sum_i weights[n, i] sum_s p[n, h, i, s] c[rows[n, i], s]`` with
+    ``p = softmax_s(q[n, h] . c[rows[n, i], s])`` over the valid slots (``slot_table``), where the slots
+    read are ``c = LN(table)`` if ``norm`` else ``table``, plus ``slot_encoding [C, D]`` if given.
 
     ``q [N, H, D]`` (content-space queries), ``weights [N, k]`` (``R_i``), ``table [R, C, D]`` (chunk
     contents; usually detached), ``slot_table [R, C]``, ``rows [N, k]`` (each query's chunks). Runs in blocks of
@@ -458,7 +491,7 @@ def mix_selected_chunks(q: Tensor, weights: Tensor, table: Tensor, slot_table: T
     """
     k, C, D = rows.shape[1], table.shape[1], table.shape[2]
     block = max(1, BLOCK_BYTES // (k * C * D * table.element_size()))
-    return _MixSelectedChunks.apply(q, weights, table, slot_table, rows, block)
+    return _MixSelectedChunks.apply(q, weights, table, slot_table, rows, block, norm, slot_encoding)
 
 
 # =============================================================================================
@@ -557,7 +590,7 @@ class HTMAttention(nn.Module):
         if not self.memory_gradient:  # Section 2: stop gradients into memory
             keys, contents = keys.detach(), contents.detach()
         if self.memory_norm:  # deviation (option): read LN(summary) and LN(step), as pre-LN TrXL reads LN(memory)
-            keys, contents = F.layer_norm(keys, (D,)), F.layer_norm(contents, (D,))
+            keys = F.layer_norm(keys, (D,))  # LN(step) is taken on the gathered slots, below
         visible = valid[:, None, :].expand(B, Q, M)
         if mask is not None:
             visible = visible & mask
@@ -582,8 +615,13 @@ class HTMAttention(nn.Module):
         # the same function (tested against the per-chunk loop), but only the detached contents
         # are gathered: no gathered tensor needs a gradient, and there is no [Q*k, C] attention
         # call per query. The within-chunk scores are [B, Q, H, k*C], a few per selected slot.
-        if self.position_encoding:
-            contents = contents + self.slot_encoding.to(contents.dtype)  # positions on contents only
+        # LN(step) (memory_norm) and the slot encoding (positions on contents only) act slot by slot,
+        # so they may be applied before or after the gather: to the k*C gathered slots of each query
+        # when that is less work (a few queries, e.g. one step of an agent), else to the whole memory.
+        slot_encoding = self.slot_encoding if self.position_encoding else None
+        norm_slots = self.memory_norm
+        if Q * k >= M:
+            contents, norm_slots, slot_encoding = _prepare_slots(contents, norm_slots, slot_encoding), False, None
         mha, C = self.within, contents.shape[2]
         H, Dh = mha.num_heads, mha.head_dim
         w_k, w_v = mha.to_kv.weight.view(2, H, Dh, D).unbind(0)  # [H, Dh, D] each
@@ -599,9 +637,9 @@ class HTMAttention(nn.Module):
             rows.view(B * Q, k),
         )
         if self.training and mha.dropout:  # dropout on the within-chunk attention: the plain autograd path
-            mixed = _mix_selected_chunks_autograd(*args, dropout=mha.dropout)
+            mixed = _mix_selected_chunks_autograd(*args, mha.dropout, norm_slots, slot_encoding)
         else:
-            mixed = mix_selected_chunks(*args)  # [B*Q, H, D]
+            mixed = mix_selected_chunks(*args, norm_slots, slot_encoding)  # [B*Q, H, D]
         heads = torch.einsum("nhd,hed->nhe", mixed, w_v).reshape(B, Q, D)
         total = weights.sum(-1, keepdim=True)  # sum_i R_i: 1, or 0 for a query with no visible chunk
         if mha.to_kv.bias is not None:
