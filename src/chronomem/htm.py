@@ -590,7 +590,7 @@ class HTMAttention(nn.Module):
         if not self.memory_gradient:  # Section 2: stop gradients into memory
             keys, contents = keys.detach(), contents.detach()
         if self.memory_norm:  # deviation (option): read LN(summary) and LN(step), as pre-LN TrXL reads LN(memory)
-            keys = F.layer_norm(keys, (D,))  # LN(step) is taken on the gathered slots, below
+            keys = F.layer_norm(keys, (D,))  # LN(step): below, with the slot encoding
         visible = valid[:, None, :].expand(B, Q, M)
         if mask is not None:
             visible = visible & mask
