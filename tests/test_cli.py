@@ -29,6 +29,7 @@ def test_list_prints_every_registry(capsys):
         (["train", "--model", "lstm", "--task", "copy", "--steps", "-3"], "--steps"),
         (["train", "--model", "lstm", "--task", "copy", "--task-opt", "seq_len=0"], "seq_len"),
         (["run", "no-such-experiment"], "valid names"),
+        (["train", "--model", "lstm", "--task", "copy", "--anneal-by", "budget"], "needs a time budget"),
     ],
 )
 def test_bad_arguments_fail_before_training(argv, message, capsys):
@@ -48,6 +49,16 @@ def test_train_then_resume(tmp_path, capsys):
     assert main(["train", "--resume", str(run), "--steps", "6", "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 6
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000006"
+
+
+def test_train_with_a_budget_annealed_schedule(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", "--model", "lstm", "--task", "copy", "--task-opt", "seq_len=5", "--dim", "16", "--steps", "3",
+            "--batch-size", "4", "--schedule", "linear", "--time-budget", "600", "--anneal-by", "budget",
+            "--out", str(run), "--no-progress"]
+    assert main(argv) == 0
+    train_cfg = json.loads((run / "config.json").read_text())["train"]
+    assert (train_cfg["time_budget"], train_cfg["anneal_by"]) == (600.0, "budget")
 
 
 def test_missing_resume_directory_is_a_clear_error(tmp_path, capsys):

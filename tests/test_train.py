@@ -1,5 +1,6 @@
 """Trainer: exact resume, atomic and validated checkpoints, metrics, data-parallel training."""
 
+import math
 import os
 import shutil
 import subprocess
@@ -115,11 +116,55 @@ def test_interrupted_write_leaves_latest_usable(tmp_path):
 @pytest.mark.parametrize(
     "kw, flag",
     [({"steps": -1}, "--steps"), ({"batch_size": 0}, "--batch-size"), ({"lr": 0.0}, "--lr"),
-     ({"optimizer": "sgd"}, "--optimizer"), ({"schedule": "step"}, "--schedule"), ({"clip": -1.0}, "--clip")],
+     ({"optimizer": "sgd"}, "--optimizer"), ({"schedule": "step"}, "--schedule"), ({"clip": -1.0}, "--clip"),
+     ({"anneal_by": "epochs"}, "--anneal-by"), ({"anneal_by": "budget"}, "--anneal-by budget needs a time budget")],
 )
 def test_bad_hyperparameters_name_the_flag(kw, flag):
     with pytest.raises(ValueError, match=flag):
         TrainConfig(**kw)
+
+
+class FakeClock:
+    """``time.perf_counter`` for the trainer: every call advances ``tick`` seconds."""
+
+    def __init__(self, tick):
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self):
+        self.now += self.tick
+        return self.now
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_budget_annealing_reaches_zero_when_the_budget_runs_out(tmp_path, monkeypatch, schedule):
+    # A run cut by its time budget long before its step count: by steps its lr would barely have moved;
+    # annealed by the budget it follows the time spent and ends near 0.
+    monkeypatch.setattr(loop.time, "perf_counter", FakeClock(0.01))
+    kw = dict(steps=100_000, schedule=schedule, warmup=0, log_every=1, time_budget=2.0)
+    by_steps = train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path / "a", **kw))
+    by_budget = train(make_model(), CopyTask(seq_len=4, copy_len=2),
+                      config(tmp_path / "b", anneal_by="budget", **kw))
+    assert by_budget.stopped_early and by_steps.stopped_early
+    lrs = [r["lr"] for r in by_budget.history if r["split"] == "train"]
+    assert len(lrs) > 5 and lrs == sorted(lrs, reverse=True)
+    assert lrs[-1] < 0.05 * 3e-3 < 0.9 * 3e-3 < [r["lr"] for r in by_steps.history if r["split"] == "train"][-1]
+    # the decay follows the fraction of the budget spent: seconds of the logged row / budget
+    rows = [r for r in by_budget.history if r["split"] == "train"]
+    spent = min(1.0, rows[3]["seconds"] / 2.0)
+    expected = 3e-3 * ((1 - spent) if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * spent)))
+    assert rows[3]["lr"] == pytest.approx(expected, abs=0.05 * 3e-3)
+
+
+def test_budget_counts_training_seconds_across_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop.time, "perf_counter", FakeClock(0.01))
+    kw = dict(steps=100_000, schedule="linear", warmup=0, log_every=1, time_budget=1.0, anneal_by="budget")
+    first = train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path, **kw))
+    state = load_checkpoint(tmp_path, make_model())
+    assert state["seconds"] > 1.0 and first.stopped_early
+    # resumed with the budget already spent: one more step at most, at lr 0
+    again = train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path, **kw), resume=tmp_path)
+    assert again.steps == first.steps + 1
+    assert all(r["lr"] == 0.0 for r in again.history if r["split"] == "train")
 
 
 def test_loss_and_accuracy_masks():

@@ -69,6 +69,7 @@ def cmd_train(args) -> int:
             steps=1000 if args.steps is None else args.steps, batch_size=args.batch_size, lr=args.lr,
             optimizer=args.optimizer, schedule=args.schedule, warmup=args.warmup, clip=args.clip or None,
             eval_every=args.eval_every, checkpoint_every=args.checkpoint_every, seed=args.seed,
+            time_budget=args.time_budget, anneal_by=args.anneal_by,
             out=args.out, device=args.device, progress=not args.no_progress,
         )
     result = train_spec(spec, cfg, resume=args.resume)
@@ -116,6 +117,10 @@ def make_parser() -> argparse.ArgumentParser:
     t.add_argument("--optimizer", default="adamw", choices=["adamw", "rmsprop"])
     t.add_argument("--schedule", default="constant", choices=["constant", "linear", "cosine"])
     t.add_argument("--warmup", type=int, default=0)
+    t.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="stop after this many seconds of training (counted across --resume)")
+    t.add_argument("--anneal-by", default="steps", choices=["steps", "budget"],
+                   help="decay the schedule over the steps, or over the time budget when that runs out first")
     t.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (0 disables)")
     t.add_argument("--eval-every", type=int, default=0)
     t.add_argument("--checkpoint-every", type=int, default=0)

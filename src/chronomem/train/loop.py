@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from chronomem.train.metrics import MetricsLogger, loss_and_accuracy
 
 OPTIMIZERS = ("adamw", "rmsprop")
 SCHEDULES = ("constant", "linear", "cosine")
+ANNEAL_BY = ("steps", "budget")
 
 
 @dataclass
@@ -47,6 +49,10 @@ class TrainConfig:
     seed: int = 0
     out: str | None = None
     time_budget: float | None = None  # seconds of training; stops early (and says so) when exceeded
+    # What a decaying schedule counts down: "steps" (to ``steps``), or "budget": whichever of the step
+    # count and the fraction of ``time_budget`` spent is further along, so that a run cut by its
+    # wall-clock budget also ends at lr 0 (budgeted training, as in Li et al. 2020, "Budgeted training").
+    anneal_by: str = "steps"
     progress: bool = True
     device: str | None = None
 
@@ -65,6 +71,10 @@ class TrainConfig:
             raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"--schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.anneal_by not in ANNEAL_BY:
+            raise ValueError(f"--anneal-by must be one of {ANNEAL_BY}, got {self.anneal_by!r}")
+        if self.anneal_by == "budget" and self.time_budget is None:
+            raise ValueError("--anneal-by budget needs a time budget (time_budget seconds), got None")
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"--clip must be > 0 (or None to disable), got {self.clip}")
 
@@ -86,15 +96,24 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.RMSprop(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over ``warmup`` steps, then constant, linear decay or cosine decay to zero."""
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig, budget_spent: Callable[[], float] | None = None
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over ``warmup`` steps, then constant, linear decay or cosine decay to zero.
+
+    With ``cfg.anneal_by == "budget"``, ``budget_spent()`` (the fraction of ``cfg.time_budget`` used
+    so far) advances the decay when it is ahead of the step count.
+    """
 
     def factor(step: int) -> float:
         if cfg.warmup and step < cfg.warmup:
             return (step + 1) / cfg.warmup
         if cfg.schedule == "constant":
             return 1.0
-        progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        if cfg.anneal_by == "budget" and budget_spent is not None:
+            progress = max(progress, budget_spent())
+        progress = min(1.0, progress)
         if cfg.schedule == "linear":
             return 1.0 - progress
         return 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -143,7 +162,11 @@ def train(
     torch.manual_seed(cfg.seed)
     model = model.to(device)
     optimizer = make_optimizer(model, cfg)
-    scheduler = make_scheduler(optimizer, cfg)
+    # Training seconds: those of earlier calls (restored on resume) plus this call's since ``t0``. The
+    # time budget counts them all, so a resumed run keeps its budget and its budget-annealed schedule.
+    clock = {"before": 0.0, "t0": time.perf_counter()}
+    seconds_trained = lambda: clock["before"] + time.perf_counter() - clock["t0"]
+    scheduler = make_scheduler(optimizer, cfg, lambda: seconds_trained() / cfg.time_budget)
     run_dir = Path(cfg.out) if cfg.out else None
     start_step = 0
     if resume is not None:
@@ -152,6 +175,7 @@ def train(
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         start_step = int(state["step"])
+        clock["before"] = float(state.get("seconds", 0.0))  # absent in checkpoints of older versions
     if run_dir is not None and ctx.is_main:
         save_config(run_dir, {"spec": spec or {}, "train": dataclasses.asdict(cfg)})
     ddp_model = model
@@ -165,7 +189,7 @@ def train(
     bar = tqdm(
         total=cfg.steps, initial=start_step, disable=not (cfg.progress and ctx.is_main), desc=getattr(task, "name", "")
     )
-    t0 = time.perf_counter()
+    t0 = clock["t0"] = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
     run_loss = run_correct = run_count = run_auxiliary = 0.0
     stopped_early = False
@@ -210,14 +234,14 @@ def train(
             history.append(row)
             logger.log(row)
         if run_dir is not None and ctx.is_main and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler))
-        if cfg.time_budget is not None and time.perf_counter() - t0 > cfg.time_budget and step < cfg.steps:
+            save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, seconds_trained()))
+        if cfg.time_budget is not None and seconds_trained() > cfg.time_budget and step < cfg.steps:
             stopped_early = True
             break
     bar.close()
     seconds = time.perf_counter() - t0
     if run_dir is not None and ctx.is_main:
-        save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler))
+        save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, seconds_trained()))
     metrics = evaluate(model, task, eval_bs, cfg.eval_examples, "test") if ctx.is_main else {}
     if ctx.is_main:
         row = {"step": step, "split": "test", **metrics, "seconds": round(seconds, 2)}
@@ -228,9 +252,10 @@ def train(
     return TrainResult(model, metrics, step, seconds, history, stopped_early)
 
 
-def _trainer_state(step: int, optimizer, scheduler) -> dict[str, Any]:
+def _trainer_state(step: int, optimizer, scheduler, seconds: float) -> dict[str, Any]:
     return {
         "step": step,
+        "seconds": seconds,
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": {"torch": torch.get_rng_state()},
