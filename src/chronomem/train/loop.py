@@ -164,8 +164,11 @@ def train(
     optimizer = make_optimizer(model, cfg)
     # Training seconds: those of earlier calls (restored on resume) plus this call's since ``t0``. The
     # time budget counts them all, so a resumed run keeps its budget and its budget-annealed schedule.
-    clock = {"before": 0.0, "t0": time.perf_counter()}
-    seconds_trained = lambda: clock["before"] + time.perf_counter() - clock["t0"]
+    seconds_before, t0 = 0.0, time.perf_counter()
+
+    def seconds_trained() -> float:
+        return seconds_before + time.perf_counter() - t0
+
     scheduler = make_scheduler(optimizer, cfg, lambda: seconds_trained() / cfg.time_budget)
     run_dir = Path(cfg.out) if cfg.out else None
     start_step = 0
@@ -175,7 +178,7 @@ def train(
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         start_step = int(state["step"])
-        clock["before"] = float(state.get("seconds", 0.0))  # absent in checkpoints of older versions
+        seconds_before = float(state.get("seconds", 0.0))  # absent in checkpoints of older versions
     if run_dir is not None and ctx.is_main:
         save_config(run_dir, {"spec": spec or {}, "train": dataclasses.asdict(cfg)})
     ddp_model = model
@@ -189,7 +192,7 @@ def train(
     bar = tqdm(
         total=cfg.steps, initial=start_step, disable=not (cfg.progress and ctx.is_main), desc=getattr(task, "name", "")
     )
-    t0 = clock["t0"] = time.perf_counter()
+    t0 = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
     run_loss = run_correct = run_count = run_auxiliary = 0.0
     stopped_early = False
