@@ -132,3 +132,33 @@ def test_choice_readout_bad_input():
         Classifier(torch.nn.Identity(), 8, 2, readout="choices", choice_steps=(1, 2, 3), input_dim=9)
     with pytest.raises(ValueError, match="readout"):
         build_model("transformer", CopyTask(), dim=8, depth=1, num_heads=2, readout="choices")
+
+
+def test_fixed_readout_keeps_the_projection_and_trains_the_rest(tmp_path):
+    """fixed_readout=True: the trainer leaves the choice projection at its initialisation; every other
+    parameter still learns (and without the option the projection trains too)."""
+    from chronomem.heads import build_model
+    from chronomem.train import TrainConfig, train
+
+    task = PAITask(n_triplets=2, item_dim=4)
+    cfg = TrainConfig(steps=3, batch_size=4, lr=1e-2, eval_examples=8, progress=False)
+    for fixed in (True, False):
+        torch.manual_seed(0)
+        net = build_model("transformer", task, dim=8, depth=1, num_heads=2, pooling="last", readout="choices",
+                          fixed_readout=fixed)
+        before = {name: p.detach().clone() for name, p in net.named_parameters()}
+        train(net, task, cfg)
+        moved = {name for name, p in net.named_parameters() if not torch.equal(p, before[name])}
+        project = {"project.weight", "project.bias"}
+        assert moved & project == (set() if fixed else project)
+        assert "embed.weight" in moved
+
+
+def test_fixed_readout_needs_the_choice_readout():
+    from chronomem.heads import Classifier, build_model
+    from chronomem.tasks.copy import CopyTask
+
+    with pytest.raises(ValueError, match="fixed_readout"):
+        Classifier(torch.nn.Identity(), 8, 2, readout="mlp", fixed_readout=True, input_dim=9)
+    with pytest.raises(ValueError, match="fixed_readout"):
+        build_model("transformer", CopyTask(), dim=8, depth=1, num_heads=2, fixed_readout=True)

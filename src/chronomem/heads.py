@@ -112,6 +112,11 @@ class Classifier(_Head):
       App. B.4, the PAI readout: "compared this output embedding to the embeddings of the two
       possible choices using dot products"). The candidates go through the same input embedding as
       everything else (App. B.4: "a single shared embedding layer").
+
+    ``fixed_readout=True`` (with ``"choices"``; our option, not the paper's) keeps that projection at
+    its random initialisation. On PAI's indirect query nothing in the output predicts the answer
+    until two hops work, so a trained projection shrinks towards uniform logits (the loss sits at
+    ln 2) and takes the signal for the second hop with it; fixed, it cannot (docs/htm.md, PAI).
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class Classifier(_Head):
         pooling: str = "mean",
         readout: str = "mlp",
         choice_steps: tuple[int, ...] | None = None,
+        fixed_readout: bool = False,
         **inputs,
     ):
         super().__init__(backbone, dim, **inputs)
@@ -140,6 +146,9 @@ class Classifier(_Head):
             self.mlp = nn.Sequential(nn.Linear(self.out_dim, dim), nn.GELU(), nn.Linear(dim, num_classes))
         else:
             self.project = nn.Linear(self.out_dim, dim)  # the "final output embedding" of App. B.4
+            self.project.requires_grad_(not fixed_readout)
+        if fixed_readout and readout != "choices":
+            raise ValueError(f"fixed_readout=True needs readout='choices', got readout={readout!r}")
 
     def pool(self, y: Tensor, state, mask: Tensor | None) -> Tensor:
         if hasattr(self.backbone, "summary"):
@@ -169,14 +178,15 @@ def build_model(
     num_heads: int = 4,
     pooling: str = "mean",
     readout: str = "mlp",
+    fixed_readout: bool = False,
     reconstruction: float = 0.0,
     **options,
 ) -> nn.Module:
     """Backbone ``model`` (a registry name) with the head that ``task`` needs.
 
     ``readout="choices"`` (classification only) scores the candidate answers at the task's
-    ``choice_steps`` (see ``Classifier``). ``reconstruction`` weighs the auxiliary input
-    reconstruction loss (module docstring; 0 = off)."""
+    ``choice_steps`` (see ``Classifier``; ``fixed_readout`` keeps its projection untrained).
+    ``reconstruction`` weighs the auxiliary input reconstruction loss (module docstring; 0 = off)."""
     from chronomem.registry import get_model
 
     builder = get_model(model)
@@ -186,9 +196,10 @@ def build_model(
     if task.kind == "classify":
         choice_steps = getattr(task, "choice_steps", None) if readout == "choices" else None
         return Classifier(backbone, dim, task.num_classes, pooling=pooling, readout=readout,
-                          choice_steps=choice_steps, **inputs)
-    if readout != "mlp":
-        raise ValueError(f"readout={readout!r} needs a classification task, got task.kind={task.kind!r}")
+                          choice_steps=choice_steps, fixed_readout=fixed_readout, **inputs)
+    if readout != "mlp" or fixed_readout:
+        raise ValueError(f"readout={readout!r} (fixed_readout={fixed_readout}) needs a classification task, "
+                         f"got task.kind={task.kind!r}")
     if task.kind == "tag":
         return Tagger(backbone, dim, task.num_classes, **inputs)
     raise ValueError(f"task.kind must be 'tag' or 'classify', got {task.kind!r}")
