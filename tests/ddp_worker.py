@@ -1,4 +1,4 @@
-"""Launched by test_train.py under torchrun: a few data-parallel steps, then each rank saves its weights."""
+"""Launched by test_train.py under torchrun: data-parallel steps for a 3 s budget, then each rank saves its weights."""
 
 import os
 import sys
@@ -29,7 +29,10 @@ def main(out: Path) -> None:
     model = Tagger(Backbone(16), 16, 10, vocab_size=10)
     if rank == 0:
         save_file({k: v.clone() for k, v in model.state_dict().items()}, out / "rank0_init.safetensors")
-    cfg = TrainConfig(steps=5, batch_size=4, lr=1e-2, progress=False, out=str(out / "run"), eval_examples=8)
+    # A wall-clock budget with the decay annealed over it: the ranks' clocks differ, so only the
+    # trainer's per-step average of them keeps their learning rates equal and their last step the same.
+    cfg = TrainConfig(steps=100_000, batch_size=4, lr=1e-2, schedule="linear", time_budget=3.0, anneal_by="budget",
+                      progress=False, out=str(out / "run"), eval_examples=8)
     result = train(model, CopyTask(seq_len=4, copy_len=2), cfg)
     weights = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
     save_file(weights, out / f"rank{rank}.safetensors")

@@ -162,14 +162,12 @@ def train(
     torch.manual_seed(cfg.seed)
     model = model.to(device)
     optimizer = make_optimizer(model, cfg)
-    # Training seconds: those of earlier calls (restored on resume) plus this call's since ``t0``. The
-    # time budget counts them all, so a resumed run keeps its budget and its budget-annealed schedule.
-    seconds_before, t0 = 0.0, time.perf_counter()
-
-    def seconds_trained() -> float:
-        return seconds_before + time.perf_counter() - t0
-
-    scheduler = make_scheduler(optimizer, cfg, lambda: seconds_trained() / cfg.time_budget)
+    # ``trained``: training seconds up to the current step, those of earlier calls (restored on resume)
+    # plus this call's. The time budget counts them all, so a resumed run keeps its budget and its
+    # budget-annealed schedule. Read once per step, averaged over ranks, so that every rank anneals
+    # alike and stops at the same step.
+    seconds_before = trained = 0.0
+    scheduler = make_scheduler(optimizer, cfg, lambda: trained / cfg.time_budget)
     run_dir = Path(cfg.out) if cfg.out else None
     start_step = 0
     if resume is not None:
@@ -178,7 +176,7 @@ def train(
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         start_step = int(state["step"])
-        seconds_before = float(state.get("seconds", 0.0))  # absent in checkpoints of older versions
+        seconds_before = trained = float(state.get("seconds", 0.0))  # absent in older checkpoints
     if run_dir is not None and ctx.is_main:
         save_config(run_dir, {"spec": spec or {}, "train": dataclasses.asdict(cfg)})
     ddp_model = model
@@ -208,6 +206,9 @@ def train(
         if cfg.clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
+        trained = seconds_before + time.perf_counter() - t0
+        if cfg.time_budget is not None and ctx.distributed:
+            trained = float(distributed.all_reduce_mean(torch.tensor([trained], device=device), ctx)[0])
         scheduler.step()
         step += 1
         run_loss, run_correct, run_count = run_loss + loss.item(), run_correct + int(correct), run_count + int(count)
@@ -216,8 +217,9 @@ def train(
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.steps:
             stats = distributed.all_reduce_mean(torch.tensor(
-                [run_loss / cfg.log_every, 100.0 * run_correct / max(1.0, run_count), run_auxiliary / cfg.log_every]
-            ), ctx)
+                [run_loss / cfg.log_every, 100.0 * run_correct / max(1.0, run_count), run_auxiliary / cfg.log_every],
+                device=device,  # NCCL reduces only tensors on the GPU
+            ), ctx).cpu()
             elapsed = time.perf_counter() - window_start
             row = {
                 "step": step, "split": "train", "loss": round(float(stats[0]), 5),
@@ -237,14 +239,14 @@ def train(
             history.append(row)
             logger.log(row)
         if run_dir is not None and ctx.is_main and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, seconds_trained()))
-        if cfg.time_budget is not None and seconds_trained() > cfg.time_budget and step < cfg.steps:
+            save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained))
+        if cfg.time_budget is not None and trained > cfg.time_budget and step < cfg.steps:
             stopped_early = True
             break
     bar.close()
     seconds = time.perf_counter() - t0
     if run_dir is not None and ctx.is_main:
-        save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, seconds_trained()))
+        save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained))
     metrics = evaluate(model, task, eval_bs, cfg.eval_examples, "test") if ctx.is_main else {}
     if ctx.is_main:
         row = {"step": step, "split": "test", **metrics, "seconds": round(seconds, 2)}
