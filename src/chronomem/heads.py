@@ -139,6 +139,8 @@ class Classifier(_Head):
             raise ValueError(
                 f"readout='choices' needs choice_steps, one input step per class ({num_classes}), got {choice_steps!r}"
             )
+        if fixed_readout and readout != "choices":
+            raise ValueError(f"fixed_readout=True needs readout='choices', got readout={readout!r}")
         self.pooling, self.readout = pooling, readout
         self.choice_steps = None if choice_steps is None else tuple(int(s) for s in choice_steps)
         self.norm = nn.LayerNorm(self.out_dim)
@@ -147,8 +149,6 @@ class Classifier(_Head):
         else:
             self.project = nn.Linear(self.out_dim, dim)  # the "final output embedding" of App. B.4
             self.project.requires_grad_(not fixed_readout)
-        if fixed_readout and readout != "choices":
-            raise ValueError(f"fixed_readout=True needs readout='choices', got readout={readout!r}")
 
     def pool(self, y: Tensor, state, mask: Tensor | None) -> Tensor:
         if hasattr(self.backbone, "summary"):
