@@ -22,31 +22,31 @@ def decode(task, inputs):
 
 
 def oracle(task, inputs):
-    """Follow the chain probe -> B -> C through the stored pairs; return the index of the choice."""
+    """Follow the chain from the probe through the stored pairs until it reaches one of the choices;
+    return (the index of that choice, the number of hops)."""
     pairs, c0, c1, probe, _ = decode(task, inputs)
-    first = [i for i in range(len(pairs)) if torch.equal(pairs[i, 0], probe)]
-    assert len(first) == 1  # the probe starts exactly one pair
-    b = pairs[first[0], 1]
-    hops = 1 if task.query == "direct" else 2
-    cur = b
-    if hops == 2:
-        second = [i for i in range(len(pairs)) if torch.equal(pairs[i, 0], b)]
-        assert len(second) == 1
-        cur = pairs[second[0], 1]
-    hits = [torch.equal(cur, c0), torch.equal(cur, c1)]
-    assert sum(hits) == 1  # exactly one choice is the answer, the other is a foil
-    return 0 if hits[0] else 1
+    cur, hops = probe, 0
+    while not (torch.equal(cur, c0) or torch.equal(cur, c1)):
+        nxt = [i for i in range(len(pairs)) if torch.equal(pairs[i, 0], cur)]
+        assert len(nxt) == 1 and hops < 2  # each item starts at most one pair; chains are A -> B -> C
+        cur, hops = pairs[nxt[0], 1], hops + 1
+    assert not (torch.equal(cur, c0) and torch.equal(cur, c1))  # the other choice is a foil
+    return (0 if torch.equal(cur, c0) else 1), hops
 
 
-@pytest.mark.parametrize("query", ["indirect", "direct"])
+@pytest.mark.parametrize("query", ["indirect", "direct", "mixed"])
 def test_structure_and_oracle(query):
     task = PAITask(n_triplets=5, item_dim=6, query=query)
-    batch = episode(task, batch=16)
-    assert batch.inputs.shape == (16, task.length, task.input_dim) and task.length == 4 * 5 + 3
-    assert task.input_dim == 6 + len(ROLES) and batch.targets.shape == (16,)
-    for b in range(16):
+    batch = episode(task, batch=48)
+    assert batch.inputs.shape == (48, task.length, task.input_dim) and task.length == 4 * 5 + 3
+    assert task.input_dim == 6 + len(ROLES) and batch.targets.shape == (48,)
+    kinds = set()
+    for b in range(48):
         pairs, c0, c1, probe, roles = decode(task, batch.inputs[b])
-        assert oracle(task, batch.inputs[b]) == int(batch.targets[b])
+        answer, hops = oracle(task, batch.inputs[b])
+        assert answer == int(batch.targets[b])
+        # MEMO's trial types: AB (the probe starts a pair), BC (it ends one), AC (two hops).
+        kinds.add((hops, any(torch.equal(pairs[i, 1], probe) for i in range(len(pairs)))))
         # Roles: pair first / second alternate, then choice 0, choice 1, probe.
         expect = [0, 1] * (2 * task.n_triplets) + [2, 3, 4]
         assert roles.argmax(-1).tolist() == expect and torch.equal(roles.sum(-1), torch.ones(task.length))
@@ -54,6 +54,8 @@ def test_structure_and_oracle(query):
         for c in (c0, c1):
             assert sum(torch.equal(pairs[i, 1], c) for i in range(len(pairs))) == 1
     assert 0 < batch.targets.float().mean() < 1
+    expected = {"indirect": {(2, False)}, "direct": {(1, False)}, "mixed": {(2, False), (1, False), (1, True)}}
+    assert kinds == expected[query]
 
 
 def test_pairs_are_chunks_of_length_two():

@@ -6,6 +6,14 @@ the two choices are ``C_j`` (the answer) and a foil ``C_k`` (k != j): the C item
 of the same episode, so both choices were seen in memory equally often and only the chain
 ``A_j -> B_j -> C_j`` tells them apart (the "indirect" query of MEMO).
 
+``query`` picks the trial type. MEMO's released PAI data (which paper 001 App. B.4 used "unmodified")
+holds, for each memory of pairs, trials of three types: ``AB`` and ``BC`` (direct: the answer is
+stored in the same pair as the probe) and ``AC`` (indirect); models train on all three and the
+reported accuracy is that on ``AC``. ``query="indirect"`` (default) gives AC trials only,
+``"direct"`` AB trials only, and ``"mixed"`` MEMO's training distribution: each example's type
+drawn uniformly from AB, BC and AC (evaluate a model trained on it with ``query="indirect"``).
+In every type the foil is the item of the answer's role (B or C) from another triplet.
+
 Items are standard-normal random vectors drawn per episode (MEMO used ImageNet images through an embedding;
 HTM's paper embedded "all the input memories and probes using a single shared embedding layer").
 Nothing about an item can be learned across episodes: the task is pure memory.
@@ -30,6 +38,9 @@ from chronomem.registry import register_task
 from chronomem.tasks.base import Batch, Task
 
 ROLES = ("pair_first", "pair_second", "choice_0", "choice_1", "probe")
+QUERIES = ("indirect", "direct", "mixed")
+# Trial types of MEMO's data as (probe, answer) positions in a triplet (0 = A, 1 = B, 2 = C).
+TRIAL_TYPES = {"AB": (0, 1), "BC": (1, 2), "AC": (0, 2)}
 
 
 class PAITask(Task):
@@ -41,8 +52,9 @@ class PAITask(Task):
     def __init__(
         self, n_triplets: int = 16, item_dim: int = 32, shuffle: bool = True, query: str = "indirect"
     ):
-        if query not in ("indirect", "direct"):
-            raise ValueError(f"query must be 'indirect' (A -> C) or 'direct' (A -> B), got {query!r}")
+        if query not in QUERIES:
+            raise ValueError(f"query must be one of {QUERIES} (A -> C, A -> B, or MEMO's mix of AB, BC "
+                             f"and AC trials), got {query!r}")
         self.query = query
         self.n_triplets = check_positive(n_triplets, "n_triplets", minimum=2)  # a foil needs a second triplet
         self.item_dim = check_positive(item_dim, "item_dim")
@@ -76,8 +88,12 @@ class PAITask(Task):
         j = torch.randint(0, n, (B,), generator=generator)
         k = (j + torch.randint(1, n, (B,), generator=generator)) % n
         rows = torch.arange(B)
-        hop = 2 if self.query == "indirect" else 1  # MEMO's indirect (A -> C) or direct (A -> B) query
-        probe, answer, foil = items[rows, j, 0], items[rows, j, hop], items[rows, k, hop]
+        if self.query == "mixed":  # MEMO's training trials: AB, BC and AC, uniformly
+            kinds = torch.tensor(list(TRIAL_TYPES.values()))[torch.randint(0, 3, (B,), generator=generator)]
+        else:
+            kinds = torch.tensor([TRIAL_TYPES["AC" if self.query == "indirect" else "AB"]]).expand(B, 2)
+        probe_at, answer_at = kinds.unbind(1)
+        probe, answer, foil = items[rows, j, probe_at], items[rows, j, answer_at], items[rows, k, answer_at]
         target = torch.randint(0, 2, (B,), generator=generator)
         first = torch.where(target[:, None] == 0, answer, foil)
         second = torch.where(target[:, None] == 0, foil, answer)
