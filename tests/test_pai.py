@@ -99,6 +99,10 @@ def test_pai_experiment_smoke(tmp_path):
 
     results = run_experiment(get_experiment("pai"), "smoke", tmp_path)
     assert set(results["results"]) == {"htm", "transformer"}
+    # Trained on MEMO's mix of trial types, scored on the AC (indirect) and AB (direct) trials.
+    assert results["config"]["task"]["query"] == "mixed"
+    for row in results["results"].values():
+        assert set(row) == {"length 3", "direct (A -> B)"} and all(0 <= v <= 100 for v in row.values())
     assert (tmp_path / "report.md").exists() and (tmp_path / "results.json").exists()
 
 
