@@ -341,6 +341,51 @@ def test_supervised_task_is_solvable_from_its_features():
     assert predictions == batch.targets.tolist()
 
 
+@pytest.mark.parametrize("level", ["2_delay16", "4_delay48", "8_delay16"])
+def test_every_dancer_questions(level):
+    """questions="every_dancer": the target episode, then one question per dancer; each answer is what
+    the hand-written solver reads off the stream for that question; the score counts the first only."""
+    plain, every = SupervisedBallet(level), SupervisedBallet(level, questions="every_dancer")
+    assert (plain.kind, every.kind) == ("classify", "tag") and every.describe()["questions"] == "every_dancer"
+    a, b = plain.sample(16, torch.Generator().manual_seed(7)), every.sample(16, torch.Generator().manual_seed(7))
+    L, n = plain.length, plain.num_dancers
+    assert b.inputs.shape == (16, L + n - 1, 95) and b.targets.shape == (16, L + n - 1)
+    assert torch.equal(b.inputs[:, :L], a.inputs) and torch.equal(b.targets[:, L - 1], a.targets)
+    expect_loss = torch.zeros(L + n - 1, dtype=torch.bool)
+    expect_loss[L - 1 :] = True
+    assert torch.equal(b.loss_mask, expect_loss.expand(16, -1))
+    assert torch.equal(b.score_mask, (torch.arange(L + n - 1) == L - 1).expand(16, -1))
+    for row in range(16):
+        x = b.inputs[row].numpy()
+        names = x[L - 1 :, 81:].argmax(-1)
+        assert len(set(names.tolist())) == n and WATCH not in names  # every dancer asked once
+        for q in range(n):  # the cue frame with the question's name, then solve it independently
+            assert (x[L - 1 + q, :81] == x[L - 1, :81]).all()
+            stream = np.concatenate([x[: L - 1], x[L - 1 + q : L + q]])
+            assert decode(stream) == int(b.targets[row, L - 1 + q])
+    mixed = get_task("ballet")(level="mixed", levels=(level,), questions="every_dancer")
+    assert mixed.kind == "tag" and mixed.describe()["questions"] == "every_dancer"
+    with pytest.raises(ValueError, match="questions"):
+        SupervisedBallet(level, questions="all")
+
+
+def test_every_dancer_score_is_the_single_question_accuracy():
+    """A causal model's output at the first question depends only on the target episode, so the
+    every-dancer score equals its accuracy on the single-question task (same episodes)."""
+    from chronomem.heads import build_model
+    from chronomem.train import evaluate
+
+    torch.manual_seed(0)
+    plain, every = SupervisedBallet("4_delay16"), SupervisedBallet("4_delay16", questions="every_dancer")
+    net = build_model("lstm", every, dim=16, depth=1)
+    batch = next(plain.eval_batches(64, 64))
+    with torch.no_grad():
+        logits, _ = net(batch.inputs)
+    single = 100.0 * float((logits[:, -1].argmax(-1) == batch.targets).float().mean())
+    assert evaluate(net, every, batch_size=64, num_examples=64)["accuracy"] == pytest.approx(single)
+    assert 0 < single < 100  # an untrained model: the check is not vacuous
+
+
 def test_eval_batches_fixed():
     task = SupervisedBallet("2_delay16")
     a = next(task.eval_batches(8, 8))

@@ -127,6 +127,7 @@ NUM_DANCERS = (2, 4, 8)
 DELAYS = (16, 48)
 LEVELS = tuple(f"{n}_delay{d}" for d in DELAYS for n in NUM_DANCERS)
 MAX_STEPS = {16: 320, 48: 1024}  # the reference's time limits
+QUESTIONS = ("target", "every_dancer")  # what the supervised task asks at the cue (SupervisedBallet)
 
 
 def parse_level(level: str) -> tuple[int, int]:
@@ -458,20 +459,33 @@ class SupervisedBallet(Task):
 
     Episodes are drawn vectorised from ``generator`` (``split`` only selects the evaluation seed in
     ``eval_batches``): ``sample_episodes`` draws layouts and ``encode`` renders their streams.
+
+    ``questions`` (our training protocol, not the paper's; the paper's agents learn by RL):
+
+    * ``"target"`` (default): the episode above, ``kind="classify"``, ``targets [B]``.
+    * ``"every_dancer"``: the same stream up to the cue, then one question per dancer, ``n`` steps
+      in all: each is the cue frame with one dancer's dance name, the target's first and the others
+      in random order. ``kind="tag"``: ``targets [B, L + n - 1]`` holds each question's answer (the
+      asked dancer's cell; 0 elsewhere), ``loss_mask`` marks the ``n`` questions and ``score_mask``
+      only the first. The first ``L`` steps are exactly the ``"target"`` episode, so for a causal
+      model the accuracy is that of the single-question task, while the loss gets ``n`` answers per
+      episode instead of one (like MEMO's data, which asks several questions of one memory).
     """
 
     name = "ballet"
-    kind = "classify"
     num_classes = len(DANCER_CELLS)
     causal = True
 
-    def __init__(self, level: str = "8_delay48", observation: str = "symbolic"):
+    def __init__(self, level: str = "8_delay48", observation: str = "symbolic", questions: str = "target"):
         self.level = level
         self.num_dancers, self.delay = parse_level(level)
         if observation not in ("symbolic", "symbolic_full"):
             raise ValueError(f"observation must be 'symbolic' or 'symbolic_full', got {observation!r}")
-        self.observation = observation
-        self.length = cue_step(self.num_dancers, self.delay) + 1
+        if questions not in QUESTIONS:
+            raise ValueError(f"questions must be one of {QUESTIONS}, got {questions!r}")
+        self.observation, self.questions = observation, questions
+        self.kind = "classify" if questions == "target" else "tag"
+        self.length = cue_step(self.num_dancers, self.delay) + 1  # of the stream up to the cue
         room = (ROOM_SIZE - 2) ** 2
         view = ROOM_SIZE * ROOM_SIZE * SYMBOLIC_CHANNELS
         self.input_dim = (room if observation == "symbolic" else view) + len(VOCAB)
@@ -526,10 +540,34 @@ class SupervisedBallet(Task):
 
     def sample(self, batch_size: int, generator: torch.Generator, split: str = "train") -> Batch:
         episodes = self.sample_episodes(batch_size, generator)
-        return Batch(self.encode(episodes), episodes.labels)
+        inputs = self.encode(episodes)
+        if self.questions == "target":
+            return Batch(inputs, episodes.labels)
+        return self.ask_every_dancer(episodes, inputs, generator)
+
+    def ask_every_dancer(self, episodes: Episodes, inputs: Tensor, generator: torch.Generator) -> Batch:
+        """``questions="every_dancer"``: after the cue, the same frame again with each other dancer's
+        dance name (random order); answers at the question steps, the loss on all, the score on the first."""
+        B, L, n = inputs.shape[0], self.length, self.num_dancers
+        others = torch.rand(B, n, generator=generator)
+        others.scatter_(1, episodes.target[:, None], -1.0)  # the target sorts first: it is the cue
+        asked = others.argsort(dim=1)  # [B, n] dancer of each question
+        questions = inputs[:, -1:].repeat(1, n, 1)  # the cue frame: dancers at rest, an instruction
+        questions[..., -len(VOCAB):] = 0.0
+        names = 1 + episodes.dances.gather(1, asked)  # instruction token: the asked dancer's dance
+        questions.scatter_(2, (inputs.shape[-1] - len(VOCAB) + names)[..., None], 1.0)
+        targets = torch.zeros(B, L + n - 1, dtype=torch.long)
+        targets[:, L - 1 :] = episodes.cells.gather(1, asked)
+        loss_mask = torch.zeros(B, L + n - 1, dtype=torch.bool)
+        loss_mask[:, L - 1 :] = True
+        score_mask = torch.zeros_like(loss_mask)
+        score_mask[:, L - 1] = True
+        inputs = torch.cat([inputs[:, :-1], questions], dim=1)
+        return Batch(inputs, targets, loss_mask=loss_mask, score_mask=score_mask)
 
     def describe(self) -> dict:
-        return {"name": self.name, "level": self.level, "observation": self.observation}
+        return {"name": self.name, "level": self.level, "observation": self.observation,
+                "questions": self.questions}
 
 
 def observation_features(obs: dict, observation: str = "symbolic") -> np.ndarray:
@@ -556,16 +594,16 @@ class MixedBallet(Task):
     """
 
     name = "ballet"
-    kind = "classify"
     num_classes = len(DANCER_CELLS)
     causal = True
 
-    def __init__(self, levels: tuple[str, ...] = LEVELS, observation: str = "symbolic"):
+    def __init__(self, levels: tuple[str, ...] = LEVELS, observation: str = "symbolic", questions: str = "target"):
         if isinstance(levels, str) or not levels:
             raise ValueError(f"levels must be a non-empty sequence of levels like {LEVELS}, got {levels!r}")
         self.levels = tuple(levels)
-        self.tasks = tuple(SupervisedBallet(level, observation) for level in self.levels)
-        self.observation = observation
+        self.tasks = tuple(SupervisedBallet(level, observation, questions) for level in self.levels)
+        self.observation, self.questions = observation, questions
+        self.kind = self.tasks[0].kind
         self.input_dim = self.tasks[0].input_dim
 
     def sample(self, batch_size: int, generator: torch.Generator, split: str = "train") -> Batch:
@@ -573,15 +611,18 @@ class MixedBallet(Task):
         return self.tasks[level].sample(batch_size, generator, split)
 
     def describe(self) -> dict:
-        return {"name": self.name, "level": "mixed", "levels": list(self.levels), "observation": self.observation}
+        return {"name": self.name, "level": "mixed", "levels": list(self.levels), "observation": self.observation,
+                "questions": self.questions}
 
 
 @register_task("ballet")
-def ballet_task(level: str = "8_delay48", observation: str = "symbolic", levels=None) -> Task:
+def ballet_task(
+    level: str = "8_delay48", observation: str = "symbolic", levels=None, questions: str = "target"
+) -> Task:
     """Task ``"ballet"``: ``SupervisedBallet(level)``, or with ``level="mixed"`` the paper's mixture of
-    ``levels`` (default: all six) as ``MixedBallet``."""
+    ``levels`` (default: all six) as ``MixedBallet``; ``questions`` as in ``SupervisedBallet``."""
     if level == "mixed":
-        return MixedBallet(LEVELS if levels is None else tuple(levels), observation)
+        return MixedBallet(LEVELS if levels is None else tuple(levels), observation, questions)
     if levels is not None:
         raise ValueError(f"levels is only used with level='mixed', got level={level!r}")
-    return SupervisedBallet(level, observation)
+    return SupervisedBallet(level, observation, questions)
