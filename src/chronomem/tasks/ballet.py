@@ -546,8 +546,9 @@ class SupervisedBallet(Task):
         return self.ask_every_dancer(episodes, inputs, generator)
 
     def ask_every_dancer(self, episodes: Episodes, inputs: Tensor, generator: torch.Generator) -> Batch:
-        """``questions="every_dancer"``: after the cue, the same frame again with each other dancer's
-        dance name (random order); answers at the question steps, the loss on all, the score on the first."""
+        """``questions="every_dancer"``: the cue frame once per dancer, each time with that dancer's dance
+        name (the target's first, the others in random order); the answers at those steps, the loss on
+        all of them, the score on the first."""
         B, L, n = inputs.shape[0], self.length, self.num_dancers
         others = torch.rand(B, n, generator=generator)
         others.scatter_(1, episodes.target[:, None], -1.0)  # the target sorts first: it is the cue
