@@ -484,7 +484,6 @@ class SupervisedBallet(Task):
         if questions not in QUESTIONS:
             raise ValueError(f"questions must be one of {QUESTIONS}, got {questions!r}")
         self.observation, self.questions = observation, questions
-        self.kind = "classify" if questions == "target" else "tag"
         self.length = cue_step(self.num_dancers, self.delay) + 1  # of the stream up to the cue
         room = (ROOM_SIZE - 2) ** 2
         view = ROOM_SIZE * ROOM_SIZE * SYMBOLIC_CHANNELS
@@ -492,6 +491,10 @@ class SupervisedBallet(Task):
         self._moves = torch.from_numpy(moves_done(self.num_dancers, self.delay, self.length))  # [L, n]
         self._offsets = torch.from_numpy(DANCE_OFFSETS)  # [13, 17, 2]
         self._cells = torch.tensor(DANCER_CELLS)  # [8, 2]
+
+    @property
+    def kind(self) -> str:
+        return "classify" if self.questions == "target" else "tag"
 
     def sample_episodes(self, batch_size: int, generator: torch.Generator) -> Episodes:
         """Layouts as in ``sample_layout``: permutations via argsort of uniform noise."""
@@ -604,8 +607,11 @@ class MixedBallet(Task):
         self.levels = tuple(levels)
         self.tasks = tuple(SupervisedBallet(level, observation, questions) for level in self.levels)
         self.observation, self.questions = observation, questions
-        self.kind = self.tasks[0].kind
         self.input_dim = self.tasks[0].input_dim
+
+    @property
+    def kind(self) -> str:
+        return self.tasks[0].kind
 
     def sample(self, batch_size: int, generator: torch.Generator, split: str = "train") -> Batch:
         level = int(torch.randint(len(self.tasks), (1,), generator=generator))
