@@ -383,6 +383,45 @@ def test_step_window_and_sequence_agree(options):
     torch.testing.assert_close(model(more, s_whole)[0], model(more, s_pieces)[0], atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [  # App. B.4's PAI model (no layer reads another step), per-layer memories, a shared one with a window
+        {"window": 1, "shared_memory": True, "top_k": 3, "chunk_size": 2, "memory_size": 5, "output_steps": 1},
+        {"output_steps": 3},
+        {"output_steps": 6, "extra_length": 3, "memory_norm": True},
+        {"shared_memory": True, "output_steps": 2},
+    ],
+)
+def test_output_steps_equal_the_plain_forward(options):
+    """``output_steps=r`` computes only the last r outputs of a call: they equal the plain forward's,
+    gradients included, the others are zeros, and the state is the same (so calls chain)."""
+    torch.manual_seed(7)
+    fast = HTMTransformer(**{**SMALL, **options})
+    plain = HTMTransformer(**{**SMALL, **options, "output_steps": None})
+    plain.load_state_dict(fast.state_dict())
+    r = options["output_steps"]
+    x = torch.randn(3, 17, 16)
+    state_plain = state_fast = None
+    for piece in (x[:, :10], x[:, 10:]):  # two calls: the second reads the memory the first stored
+        y_plain, state_plain = plain(piece, state_plain)
+        y_fast, state_fast = fast(piece, state_fast)
+        torch.testing.assert_close(y_fast[:, -r:], y_plain[:, -r:], atol=2e-5, rtol=1e-4)
+        assert not y_fast[:, :-r].any()
+        for a, b in zip(state_fast.memories, state_plain.memories, strict=True):
+            torch.testing.assert_close(a.contents, b.contents, atol=2e-5, rtol=1e-4)
+        for a, b in zip(state_fast.caches, state_plain.caches, strict=True):
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+    weights = torch.randn_like(y_plain[:, -r:])
+    (y_plain[:, -r:] * weights).mean().backward()
+    (y_fast[:, -r:] * weights).mean().backward()
+    for (name, a), b in zip(plain.named_parameters(), fast.parameters(), strict=True):
+        zeros = torch.zeros_like(a)
+        torch.testing.assert_close(zeros if b.grad is None else b.grad, zeros if a.grad is None else a.grad,
+                                   atol=2e-5, rtol=1e-4, msg=name)
+    with pytest.raises(ValueError, match="mask"):
+        fast(x, mask=torch.arange(17)[None].expand(3, 17) < 16)
+
+
 @pytest.mark.parametrize("extra_length", [0, 3])
 @pytest.mark.parametrize("start", [0, 5, 8])
 def test_local_layout_matches_the_visibility_rule(extra_length, start):
@@ -553,6 +592,8 @@ def test_bad_input():
         model(torch.randn(2, 3, 16), mask=torch.tensor([[True, False, True]] * 2))
     with pytest.raises(ValueError, match="overlap"):
         HTMTransformer(**{**SMALL, "overlap": 3})
+    with pytest.raises(ValueError, match="output_steps"):
+        HTMTransformer(**{**SMALL, "output_steps": 0})
     with pytest.raises(ValueError, match="empty"):
         model(torch.randn(2, 0, 16))
 

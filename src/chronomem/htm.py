@@ -74,6 +74,14 @@ rule are unchanged. Cost: LN of the M summaries, and of the memory's steps or, w
 few queries (one step of an agent), of each query's k*C gathered slots only; the slot encoding is
 added the same way.
 
+A third, ``output_steps=r``, is a speed-up for tasks read out at the end of a call (the probe of
+App. B.4's PAI model, the questions of supervised Ballet): only the last ``r`` outputs of a call are
+computed, and the layers compute only what those need. The last layer's other steps are needed by
+no one (its memory and cache store its *inputs*); with one memory shared by all layers and a window of
+one step (App. B.4), no layer reads another step's output, so only those ``r`` steps go through any
+layer. The ``r`` outputs equal the plain forward's, and so do their gradients (tested); the other
+outputs are zeros.
+
 Episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
 ``state.reset(done)`` (the memory object itself handles boundaries inside ``write``).
 """
@@ -763,6 +771,7 @@ class HTMTransformer(nn.Module):
         relative_positions: bool = True
         init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
         memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
+        output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -781,6 +790,8 @@ class HTMTransformer(nn.Module):
             raise ValueError(
                 f"top_k={cfg.top_k} is larger than the memory capacity memory_size={cfg.memory_size}"
             )
+        if cfg.output_steps is not None:
+            check_positive(cfg.output_steps, "output_steps")
         self.dim = self.out_dim = cfg.dim
         self.cache_length = cfg.window - 1 + cfg.extra_length
         self.layers = nn.ModuleList(
@@ -823,15 +834,17 @@ class HTMTransformer(nn.Module):
         return HTMTransformerState(memories, caches, torch.zeros(batch_size, dtype=torch.long, device=device))
 
     # -- masks for one call --------------------------------------------------------------------
-    def _local_layout(self, position: Tensor, lengths: Tensor, n: int) -> LocalLayout:
+    def _local_layout(self, position: Tensor, lengths: Tensor, n: int, cache: int | None = None) -> LocalLayout:
         """Which context steps each query's local attention reads: query t sees step s iff
-        ``floor(t/W)*W - E <= s <= t`` and s is a real step.
+        ``floor(t/W)*W - E <= s <= t`` and s is a real step. The context is ``cache`` steps (default:
+        the cache length) and then the ``n`` queries, the first at ``position``.
 
         When every row is at the same offset in its window and the call is longer than a window, the
         queries are cut into their windows of W and each window reads only its W + E keys
         (O(N * (W + E)) scores). Otherwise one block holds every query and every key ([N, L + N]).
         """
-        cfg, L, W, device = self.config, self.cache_length, self.config.window, position.device
+        cfg, W, device = self.config, self.config.window, position.device
+        L = self.cache_length if cache is None else cache
         offset = position % W
         if n > W and bool((offset == offset[0]).all()):
             o = int(offset[0])
@@ -882,6 +895,13 @@ class HTMTransformer(nn.Module):
         check_state_batch(state.position.shape[0], B)
         lengths = _prefix_lengths(mask, B, N, x.device)
         local = self._local_layout(state.position, lengths, N)
+        # output_steps: the steps from `start` on are all that is read out; the last layer (every layer
+        # when no layer reads another step's output: one shared memory, a window of one step) computes
+        # only those queries, over the full context of keys and the same chunks.
+        start = 0 if cfg.output_steps is None else max(0, N - cfg.output_steps)
+        if start and mask is not None and not bool(mask.all()):
+            raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
+        only_tail_everywhere = cfg.shared_memory and self.cache_length == 0
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs
             shared = self._chunks(state.memories[0], x, lengths)
             memories = [state.memories[0].write(x, mask=mask)]
@@ -897,8 +917,16 @@ class HTMTransformer(nn.Module):
                 chunks = self._chunks(state.memories[i], x, lengths)
                 memories.append(state.memories[i].write(x, mask=mask))  # each layer stores its input
             caches.append(_last_steps(context.detach(), lengths + self.cache_length, self.cache_length))
-            x = layer(x, context, local, chunks)
+            if start and (only_tail_everywhere or i == len(self.layers) - 1):
+                x = x[:, -(N - start):]  # the tail's queries read every key of the context before them
+                tail = self._local_layout(state.position + start, lengths - start, N - start,
+                                          cache=context.shape[1] - (N - start))
+                x = layer(x, context, tail, (*chunks[:-1], chunks[-1][:, start:]))
+            else:
+                x = layer(x, context, local, chunks)
         new_state = HTMTransformerState(tuple(memories), tuple(caches), state.position + lengths)
+        if start:
+            x = torch.cat([x.new_zeros(B, start, x.shape[-1]), x], 1)
         if mask is not None:
             x = x * mask[..., None].to(x.dtype)
         return x, new_state

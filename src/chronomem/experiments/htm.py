@@ -54,7 +54,7 @@ def _train_config(s: dict, seed: int, warmup: int, clip: float | None) -> TrainC
 # (85.9 / 16.9 / 13.3 with weight 1; memory_gradient=True: 84.3 / 15.9 / 13.3).
 BALLET_MODELS = {
     "smoke": {
-        "htm": dict(dim=16, depth=1, num_heads=2, top_k=2, chunk_size=8, memory_size=8, window=8),
+        "htm": dict(dim=16, depth=1, num_heads=2, top_k=2, chunk_size=8, memory_size=8, window=8, output_steps=8),
         "transformer-xl": dict(dim=16, depth=1, num_heads=2, segment_len=16, mem_len=16),
         "lstm": dict(dim=16, depth=1),
     },
@@ -64,8 +64,10 @@ BALLET_MODELS = {
     # memory_norm 93.5 / 48.3 / 45.0 without relative positions, 95.3 / 50.8 / 49.4 with them (the
     # model's default, as in the paper's agent), 92.6 / 47.0 / 48.5 with memory_gradient=True.
     "quick": {
+        # output_steps=8: the questions at the end (at most 8) are all a tagger reads, so the last
+        # layer computes only those steps (the same outputs; training steps 2.0x faster on one core).
         "htm": dict(dim=64, depth=2, num_heads=4, top_k=8, chunk_size=16, memory_size=40, window=64,
-                    memory_norm=True),
+                    memory_norm=True, output_steps=8),
         "transformer-xl": dict(dim=64, depth=2, num_heads=4, segment_len=64, mem_len=256),
         "lstm": dict(dim=128, depth=1),
     },
@@ -206,7 +208,8 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     common = dict(dim=s["dim"], depth=s["depth"], num_heads=s["num_heads"], pooling="last", readout="choices")
     configs = {
         # App. B.4: the query alone is the input of the HTM layers, and every layer reads the same
-        # memory of embedded pairs: a window of one step (the probe attends locally only to itself).
+        # memory of embedded pairs: a window of one step (the probe attends locally only to itself),
+        # and only the probe goes through the layers (output_steps=1: the same output, 2.7x faster steps).
         "htm": dict(
             common,
             top_k=min(s["top_k"], chunks),
@@ -214,6 +217,7 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             memory_size=chunks + 1,
             window=1,
             shared_memory=True,
+            output_steps=1,
         ),
         "transformer": dict(common),
     }
