@@ -221,6 +221,36 @@ def test_xl_streaming_equals_batch(gated, causal, mem_len):
     assert not state.memory.requires_grad
 
 
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("output_steps", [1, 3, 6, 20])  # within the last segment, across two, all
+def test_xl_output_steps_equal_the_plain_forward(gated, causal, output_steps):
+    """``output_steps=r``: the last r outputs, their gradients and the state are the plain forward's;
+    the other outputs are zeros."""
+    _seed(9)
+    fast = _xl(gated=gated, causal=causal, output_steps=output_steps).train()
+    plain = _xl(gated=gated, causal=causal).train()
+    plain.load_state_dict(fast.state_dict())
+    x = torch.randn(3, 14, 16)  # segments 4, 4, 4, 2
+    (y_fast, s_fast), (y_plain, s_plain) = fast(x), plain(x)
+    r = min(output_steps, 14)
+    close(y_fast[:, -r:], y_plain[:, -r:])
+    assert not y_fast[:, : 14 - r].any()
+    close(s_fast.memory, s_plain.memory)
+    weights = torch.randn_like(y_plain[:, -r:])
+    (y_fast[:, -r:] * weights).mean().backward()
+    (y_plain[:, -r:] * weights).mean().backward()
+    for (name, a), b in zip(plain.named_parameters(), fast.parameters(), strict=True):
+        zeros = torch.zeros_like(a)
+        torch.testing.assert_close(zeros if b.grad is None else b.grad, zeros if a.grad is None else a.grad,
+                                   atol=2e-5, rtol=1e-4, msg=name)
+    if r < 14:
+        with pytest.raises(ValueError, match="mask"):
+            fast(x, mask=torch.arange(14)[None].expand(3, 14) < 13)
+    with pytest.raises(ValueError, match="output_steps"):
+        _xl(output_steps=0)
+
+
 @settings(max_examples=15, deadline=None)
 @given(
     seg=st.integers(1, 5), mem=st.integers(0, 7), n=st.integers(1, 13),
