@@ -156,6 +156,8 @@ BALLET = register_experiment(
 
 # Paper (Table 1, "Associative" column): chunk 2, top-k 32, lr 1e-4 (swept {1, 2, 4} x 1e-4), 4 layers.
 # Top-k 32 of 32 stored pairs reads every pair; the quick scale keeps that (top-k = all 9 chunks).
+# Quick, 15 min on one thread, AC trials: seeds 0 / 1 / 2 94.0 / 75.1 / 87.0 (batch 64: 88.7 / 81.5 /
+# 90.0); README.
 PAI_SCALES = {
     "smoke": dict(
         n_triplets=2,

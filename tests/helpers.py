@@ -1,0 +1,14 @@
+"""Assertions shared by several test modules (pytest puts this folder on ``sys.path``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def assert_same_gradients(reference: nn.Module, model: nn.Module, atol: float = 2e-5, rtol: float = 1e-4) -> None:
+    """Every parameter of ``model`` has the gradient of the same parameter of ``reference`` (None = 0)."""
+    for (name, a), b in zip(reference.named_parameters(), model.parameters(), strict=True):
+        zeros = torch.zeros_like(a)
+        torch.testing.assert_close(zeros if b.grad is None else b.grad, zeros if a.grad is None else a.grad,
+                                   atol=atol, rtol=rtol, msg=name)
