@@ -894,19 +894,23 @@ class HTMTransformer(nn.Module):
             raise TypeError(f"state must be an HTMTransformerState, got {type(state).__name__}")
         check_state_batch(state.position.shape[0], B)
         lengths = _prefix_lengths(mask, B, N, x.device)
-        local = self._local_layout(state.position, lengths, N)
-        # output_steps: the steps from `start` on are all that is read out; the last layer (every layer
-        # when no layer reads another step's output: one shared memory, a window of one step) computes
-        # only those queries, over the full context of keys and the same chunks.
+        # output_steps: the steps from `start` on are all that is read out. The last layer computes only
+        # those queries (over the full context of keys and the same chunks). With one shared memory and a
+        # window of one step (App. B.4) each query reads only itself and the memory, so every layer does.
         start = 0 if cfg.output_steps is None else max(0, N - cfg.output_steps)
         if start and mask is not None and not bool(mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
-        only_tail_everywhere = cfg.shared_memory and self.cache_length == 0
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs
             shared = self._chunks(state.memories[0], x, lengths)
             memories = [state.memories[0].write(x, mask=mask)]
         else:
             memories = []
+        tail_everywhere = bool(start) and cfg.shared_memory and self.cache_length == 0
+        if tail_everywhere:  # only the tail enters the layers (the memory above holds every step)
+            x, shared = x[:, start:], (*shared[:-1], shared[-1][:, start:])
+            local = self._local_layout(state.position + start, lengths - start, N - start)
+        else:
+            local = self._local_layout(state.position, lengths, N)
         caches = []
         for i, layer in enumerate(self.layers):
             cache = state.caches[i]
@@ -917,11 +921,10 @@ class HTMTransformer(nn.Module):
                 chunks = self._chunks(state.memories[i], x, lengths)
                 memories.append(state.memories[i].write(x, mask=mask))  # each layer stores its input
             caches.append(_last_steps(context.detach(), lengths + self.cache_length, self.cache_length))
-            if start and (only_tail_everywhere or i == len(self.layers) - 1):
-                x = x[:, -(N - start):]  # the tail's queries read every key of the context before them
+            if start and not tail_everywhere and i == len(self.layers) - 1:
                 tail = self._local_layout(state.position + start, lengths - start, N - start,
                                           cache=context.shape[1] - (N - start))
-                x = layer(x, context, tail, (*chunks[:-1], chunks[-1][:, start:]))
+                x = layer(x[:, start:], context, tail, (*chunks[:-1], chunks[-1][:, start:]))
             else:
                 x = layer(x, context, local, chunks)
         new_state = HTMTransformerState(tuple(memories), tuple(caches), state.position + lengths)
