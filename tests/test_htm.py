@@ -68,8 +68,21 @@ def as_memory(keys, contents, slot_valid, valid):
     )
 
 
+@pytest.fixture(params=["gather", "dense"])
+def read_path(request, monkeypatch):
+    """Run a test through both ways ``HTMAttention.read`` mixes the selected chunks: the per-query
+    gather (``mix_selected_chunks``) and every query against every chunk read (``mix_chunks_dense``)."""
+    dense = request.param == "dense"
+    monkeypatch.setattr(htm, "DENSE_MIN_QUERIES", 1)
+    monkeypatch.setattr(htm, "DENSE_CHUNKS_PER_K", 10**6 if dense else 0)
+    calls = []
+    monkeypatch.setattr(htm, "mix_chunks_dense", lambda *a, f=htm.mix_chunks_dense: calls.append(1) or f(*a))
+    yield request.param
+    assert bool(calls) == dense  # the path under test was the one taken
+
+
 @pytest.mark.parametrize("top_k", [1, 3, 6])
-def test_attention_matches_naive_reference(top_k):
+def test_attention_matches_naive_reference(top_k, read_path):
     torch.manual_seed(0)
     B, M, C, D, Q = 2, 6, 4, 8, 5
     attn = HTMAttention(D, num_heads=2, top_k=top_k, chunk_size=C)
@@ -77,6 +90,7 @@ def test_attention_matches_naive_reference(top_k):
     queries = torch.randn(B, Q, D)
     mask = torch.rand(B, Q, M) > 0.3
     mask[0, 2] = False  # a query that may read nothing
+    mask[..., 3] = False  # a chunk no query may read (the dense path leaves it out)
     got = attn(queries, as_memory(keys, contents, slot_valid, valid), mask)
     with torch.no_grad():
         want = naive_read(attn, queries, keys, contents, slot_valid, valid, mask)
@@ -89,7 +103,7 @@ def test_attention_matches_naive_reference(top_k):
 
 
 @pytest.mark.parametrize("Q", [1, 3])  # Q * top_k < M: LN of the gathered slots; >= M: of the whole memory
-def test_memory_norm_reads_layer_normed_memory(Q):
+def test_memory_norm_reads_layer_normed_memory(Q, read_path):
     """``memory_norm=True`` is the literal read on LN(summaries) and LN(steps) (no learned scale), so the
     read no longer depends on the scale of what was stored; without it, it does."""
     torch.manual_seed(1)
@@ -113,7 +127,7 @@ def test_memory_norm_reads_layer_normed_memory(Q):
 
 @pytest.mark.parametrize("memory_gradient", [False, True])
 @pytest.mark.parametrize(("memory_norm", "Q"), [(False, 5), (True, 5), (True, 1)])
-def test_gradients_match_naive_reference(memory_gradient, memory_norm, Q):
+def test_gradients_match_naive_reference(memory_gradient, memory_norm, Q, read_path):
     """The fast read moves the K/V projections onto the query side; parameter and query gradients
     must still equal those of the literal per-chunk read (float64, so only rounding differs). With
     ``memory_gradient`` the gradients into the keys and contents must equal the literal read's too,
@@ -174,6 +188,54 @@ def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform, mo
         torch.testing.assert_close(a, b)
     mix = lambda q, w, t: htm.mix_selected_chunks(q, w, t, slot_table, rows, *transform)
     assert torch.autograd.gradcheck(mix, (q, weights, table))
+
+
+@pytest.mark.parametrize("rows_per_block", [1, 1000])
+def test_dense_mix_matches_selected_mix(rows_per_block, monkeypatch):
+    """``mix_chunks_dense`` (every query scores every chunk its group may read; the unselected get
+    weight 0) == the per-query gather of the selected chunks, values and gradients (into the slots
+    too), in blocks of one row or all rows, with groups of queries that may read different chunks or
+    none; and it passes gradcheck."""
+    g = torch.Generator().manual_seed(7)
+    B, Q, H, M, C, D, k = 3, 6, 2, 5, 3, 6, 2
+    slots = (2 * torch.randn(B, M, C, D, generator=g, dtype=torch.float64) + 1).requires_grad_(True)
+    slot_valid = torch.rand(B, M, C, generator=g) > 0.3
+    slot_valid[..., 0] = True
+    slot_valid[1, 2] = False  # an empty chunk: read with weight 0
+    visible = torch.rand(B, Q, M, generator=g) > 0.3
+    visible[1, :, 2] = False
+    visible[:, :2, 4] = False  # group 1 (queries 0-1) may not read chunk 4,
+    visible[:, 2:4, 0] = False  # group 2 not chunk 0,
+    visible[:, 4:] = False  # and group 3 nothing
+    scores = torch.randn(B, Q, M, generator=g).masked_fill(~visible, -1e9)
+    top_idx = scores.topk(k, -1).indices
+    weights = torch.softmax(torch.randn(B, Q, k, generator=g, dtype=torch.float64), -1).requires_grad_(True)
+    read = lambda w: torch.where(visible.gather(-1, top_idx), w, 0.0)  # as in HTMAttention.read
+    monkeypatch.setattr(htm, "DENSE_QUERY_GROUP", 2)
+    monkeypatch.setattr(htm, "BLOCK_BYTES", rows_per_block * 2 * H * M * C * 8)
+    upstream = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64)
+
+    def dense(q, weights, slots):
+        weights = torch.zeros(B, Q, M, dtype=q.dtype).scatter(-1, top_idx, read(weights))
+        return htm.mix_chunks_dense(q, weights, slots, slot_valid, visible)
+
+    def gathered(q, weights, slots):
+        rows = torch.arange(B)[:, None, None] * M + top_idx
+        out = htm._mix_selected_chunks_autograd(q.reshape(B * Q, H, D), read(weights).reshape(B * Q, k),
+                                                slots.reshape(B * M, C, D), slot_valid.reshape(B * M, C),
+                                                rows.reshape(B * Q, k))
+        return out.view(B, Q, H, D)
+
+    q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    got, want = dense(q, weights, slots), gathered(q, weights, slots)
+    torch.testing.assert_close(got, want)
+    assert got[:, 4:].abs().max() == 0
+    grads_got = torch.autograd.grad((got * upstream).sum(), (q, weights, slots))
+    grads_want = torch.autograd.grad((want * upstream).sum(), (q, weights, slots))
+    for a, b in zip(grads_got, grads_want, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(dense, (q, weights, slots))
 
 
 def test_attention_dropout_path():

@@ -41,6 +41,11 @@ made a supervised-Ballet training step 4.6x faster on a CPU core (5.1 s -> 1.1 s
 longer than a window computes the local attention window by window (``LocalLayout``: each window of
 W queries reads its W + E keys) instead of as one masked ``[N, L + N]`` matrix; this made the quick
 Ballet step with relative positions 3.5x faster (4.73 s -> 1.34 s; 1.36 s -> 1.26 s without them).
+A fourth: when the queries of a call read few chunks in all (at most ``DENSE_CHUNKS_PER_K * top_k``,
+as in a supervised Ballet episode run in one call), each group of queries scores every chunk it may
+read with one matrix product per row (``mix_chunks_dense``) instead of gathering k chunks per query;
+the unselected chunks get weight zero. The quick Ballet training step takes 0.20 s instead of 0.31 s
+averaged over the six levels (two threads; ``benchmarks/htm_ballet_step.py``).
 
 Visibility rule (what makes step-by-step, window-by-window and whole-sequence runs agree): a query
 at time t (steps since the stream or episode began)
@@ -374,6 +379,11 @@ def _prefix_lengths(mask: Tensor | None, batch: int, n: int, device) -> Tensor:
 # many bytes. Small enough that the allocator reuses the buffer (a fresh multi-MB allocation per call
 # costs page faults that, on a CPU, take longer than the copy itself).
 BLOCK_BYTES = 8 * 2**20
+# mix_chunks_dense replaces the per-query gather when a call has at least DENSE_MIN_QUERIES queries and
+# its queries read at most DENSE_CHUNKS_PER_K * top_k chunks in all (bench: ``chronomem bench htm-read``).
+DENSE_MIN_QUERIES = 16
+DENSE_CHUNKS_PER_K = 2
+DENSE_QUERY_GROUP = 64  # queries per group in mix_chunks_dense
 
 
 def _prepare_slots(chunks: Tensor, norm: bool, slot_encoding: Tensor | None) -> Tensor:
@@ -502,6 +512,94 @@ def mix_selected_chunks(
     return _MixSelectedChunks.apply(q, weights, table, slot_table, rows, block, norm, slot_encoding)
 
 
+def _dense_scores(q: Tensor, slots: Tensor, slot_valid: Tensor) -> Tensor:
+    """One block of batch rows: ``q [b, Q, H, D]``, ``slots [b, M, C, D]``, ``slot_valid [b, M, C]`` -> the
+    within-chunk softmax ``p [b, Q, H, M, C]`` of every query over every chunk of its row."""
+    b, Q, H, D = q.shape
+    M, C = slots.shape[1:3]
+    scores = torch.bmm(q.reshape(b, Q * H, D), slots.reshape(b, M * C, D).transpose(1, 2))
+    scores = scores.view(b, Q, H, M, C).masked_fill(~slot_valid[:, None, None], NEG)  # finite: see _mix_block
+    return torch.softmax(scores, dim=-1)
+
+
+class _MixChunksDense(torch.autograd.Function):
+    """``mix_chunks_dense`` in blocks of batch rows; the backward recomputes the softmax (saves no
+    ``[Q, H, M, C]`` tensor). ``slots`` gets a gradient only when it requires one."""
+
+    @staticmethod
+    def forward(ctx, q, weights, slots, slot_valid, block):
+        B, Q, H, D = q.shape
+        M, C = slots.shape[1:3]
+        mixed = q.new_empty(B, Q, H, D)
+        for start in range(0, B, block):
+            rows = slice(start, min(B, start + block))
+            p = _dense_scores(q[rows], slots[rows], slot_valid[rows])
+            a = (p * weights[rows][:, :, None, :, None]).view(-1, Q * H, M * C)  # a_is = R_i p_is
+            mixed[rows] = torch.bmm(a, slots[rows].reshape(-1, M * C, D)).view(-1, Q, H, D)
+        ctx.save_for_backward(q, weights, slots, slot_valid)
+        ctx.block = block
+        return mixed
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_mixed):
+        q, weights, slots, slot_valid = ctx.saved_tensors
+        B, Q, H, D = q.shape
+        M, C = slots.shape[1:3]
+        grad_q, grad_w = torch.empty_like(q), torch.empty_like(weights)
+        grad_slots = torch.empty_like(slots) if ctx.needs_input_grad[2] else None
+        for start in range(0, B, ctx.block):
+            rows = slice(start, min(B, start + ctx.block))
+            p = _dense_scores(q[rows], slots[rows], slot_valid[rows])
+            w = weights[rows][:, :, None, :, None]
+            flat = slots[rows].reshape(-1, M * C, D)
+            g = grad_mixed[rows].reshape(-1, Q * H, D)
+            grad_a = torch.bmm(g, flat.transpose(1, 2)).view(p.shape)
+            grad_w[rows] = (grad_a * p).sum((2, 4))
+            grad_p = grad_a * w
+            grad_scores = p * (grad_p - (grad_p * p).sum(-1, keepdim=True))  # softmax backward
+            grad_scores = grad_scores.view(-1, Q * H, M * C)
+            grad_q[rows] = torch.bmm(grad_scores, flat).view(-1, Q, H, D)
+            if grad_slots is not None:  # a slot enters through mixed (weight a_is) and the scores (q . c_is)
+                a = (p * w).view(-1, Q * H, M * C)
+                grad_flat = torch.bmm(a.transpose(1, 2), g)
+                grad_flat += torch.bmm(grad_scores.transpose(1, 2), q[rows].reshape(-1, Q * H, D))
+                grad_slots[rows] = grad_flat.view(-1, M, C, D)
+        return grad_q, grad_w, grad_slots, None, None
+
+
+def mix_chunks_dense(q: Tensor, weights: Tensor, slots: Tensor, slot_valid: Tensor, visible: Tensor) -> Tensor:
+    """What ``mix_selected_chunks`` computes, with every chunk a query may read at once: ``q [B, Q, H, D]``,
+    ``weights [B, Q, M]`` (``R_i`` of each query for every chunk of its row, zero for the unselected),
+    ``slots [B, M, C, D]`` (already read through ``_prepare_slots``), ``slot_valid [B, M, C]``,
+    ``visible [B, Q, M]`` (the chunks each query may read) -> ``mixed [B, Q, H, D] = sum_i weights_i
+    sum_s p_is slots_is``.
+
+    A speed-up, not a different function: the scores of a query with every slot are one matrix product
+    per row instead of a gather of k chunks per query, so it pays when the chunks the queries of a call
+    read are not many more than k (a long call over a short memory: supervised Ballet's episodes). The
+    unselected chunks cost arithmetic and get weight zero. The queries go in groups of
+    ``DENSE_QUERY_GROUP``, each scored only against the chunks one of its queries may read: with the
+    causal chunk mask of a long call (``HTMTransformer``), the early queries skip the later chunks.
+    """
+    B, Q, H, _ = q.shape
+    mixed = []
+    for start in range(0, Q, DENSE_QUERY_GROUP):
+        group = slice(start, min(Q, start + DENSE_QUERY_GROUP))
+        chunks = visible[:, group].any(1).any(0).nonzero()[:, 0]  # the chunks this group may read
+        if len(chunks) == 0:  # nothing to read: a zero read
+            mixed.append(q.new_zeros(q[:, group].shape))
+            continue
+        if len(chunks) < slots.shape[1]:
+            g_weights, g_slots, g_valid = weights[:, group][..., chunks], slots[:, chunks], slot_valid[:, chunks]
+        else:
+            g_weights, g_slots, g_valid = weights[:, group], slots, slot_valid
+        M, C = g_slots.shape[1:3]
+        block = max(1, BLOCK_BYTES // (q[:, group].shape[1] * H * M * C * q.element_size()))
+        mixed.append(_MixChunksDense.apply(q[:, group], g_weights, g_slots, g_valid, block))
+    return torch.cat(mixed, dim=1)
+
+
 # =============================================================================================
 # 2. The hierarchical read (Section 2)
 # =============================================================================================
@@ -627,27 +725,38 @@ class HTMAttention(nn.Module):
         # so they may be applied before or after the gather: to the k*C gathered slots of each query
         # when that is less work (a few queries, e.g. one step of an agent), else to the whole memory.
         slot_encoding = self.slot_encoding if self.position_encoding else None
-        norm_slots = self.memory_norm
-        if Q * k >= M:
-            contents, norm_slots, slot_encoding = _prepare_slots(contents, norm_slots, slot_encoding), False, None
         mha, C = self.within, contents.shape[2]
         H, Dh = mha.num_heads, mha.head_dim
         w_k, w_v = mha.to_kv.weight.view(2, H, Dh, D).unbind(0)  # [H, Dh, D] each
         q = mha.to_q(queries).view(B, Q, H, Dh)  # the query is the normed input itself
         q_content = torch.einsum("bqhe,hed->bqhd", q, w_k) / math.sqrt(Dh)  # q~ [B, Q, H, D]
         # Memory query result = sum_i R_i * MHA(LN(x), C_i)   (Section 2), mixed before W_v, W_o
-        rows = torch.arange(B, device=queries.device)[:, None, None] * M + top_idx  # [B, Q, k] into B*M
-        args = (
-            q_content.reshape(B * Q, H, D),
-            weights.reshape(B * Q, k),
-            contents.reshape(B * M, C, D),
-            slot_valid.reshape(B * M, C),
-            rows.view(B * Q, k),
-        )
-        if self.training and mha.dropout:  # dropout on the within-chunk attention: the plain autograd path
-            mixed = _mix_selected_chunks_autograd(*args, mha.dropout, norm_slots, slot_encoding)
+        dropout = self.training and mha.dropout
+        read = visible.any(1).any(0).nonzero()[:, 0] if Q >= DENSE_MIN_QUERIES and not dropout else None
+        if read is not None and len(read) <= DENSE_CHUNKS_PER_K * k:
+            # Few chunks read in all: every query scores every one it may read (mix_chunks_dense).
+            dense_weights = torch.zeros_like(logits).scatter(-1, top_idx, weights)
+            if len(read) < M:
+                contents, slot_valid = contents[:, read], slot_valid[:, read]
+                dense_weights, visible = dense_weights[..., read], visible[..., read]
+            slots = _prepare_slots(contents, self.memory_norm, slot_encoding)
+            mixed = mix_chunks_dense(q_content, dense_weights, slots, slot_valid, visible).reshape(B * Q, H, D)
         else:
-            mixed = mix_selected_chunks(*args, norm_slots, slot_encoding)  # [B*Q, H, D]
+            norm_slots = self.memory_norm
+            if Q * k >= M:
+                contents, norm_slots, slot_encoding = _prepare_slots(contents, norm_slots, slot_encoding), False, None
+            rows = torch.arange(B, device=queries.device)[:, None, None] * M + top_idx  # [B, Q, k] into B*M
+            args = (
+                q_content.reshape(B * Q, H, D),
+                weights.reshape(B * Q, k),
+                contents.reshape(B * M, C, D),
+                slot_valid.reshape(B * M, C),
+                rows.view(B * Q, k),
+            )
+            if dropout:  # dropout on the within-chunk attention: the plain autograd path
+                mixed = _mix_selected_chunks_autograd(*args, mha.dropout, norm_slots, slot_encoding)
+            else:
+                mixed = mix_selected_chunks(*args, norm_slots, slot_encoding)  # [B*Q, H, D]
         heads = torch.einsum("nhd,hed->nhe", mixed, w_v).reshape(B, Q, D)
         total = weights.sum(-1, keepdim=True)  # sum_i R_i: 1, or 0 for a query with no visible chunk
         if mha.to_kv.bias is not None:
