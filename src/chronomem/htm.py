@@ -380,7 +380,8 @@ def _prefix_lengths(mask: Tensor | None, batch: int, n: int, device) -> Tensor:
 # costs page faults that, on a CPU, take longer than the copy itself).
 BLOCK_BYTES = 8 * 2**20
 # mix_chunks_dense replaces the per-query gather when a call has at least DENSE_MIN_QUERIES queries and
-# its queries read at most DENSE_CHUNKS_PER_K * top_k chunks in all (bench: ``chronomem bench htm-read``).
+# its queries read at most DENSE_CHUNKS_PER_K * top_k chunks in all (measured: benchmarks/htm_ballet_step.py;
+# at 2 * top_k, Ballet's 32 chunks with top-k 16, dense is still 1.25x faster).
 DENSE_MIN_QUERIES = 16
 DENSE_CHUNKS_PER_K = 2
 DENSE_QUERY_GROUP = 64  # queries per group in mix_chunks_dense
@@ -732,13 +733,13 @@ class HTMAttention(nn.Module):
         q_content = torch.einsum("bqhe,hed->bqhd", q, w_k) / math.sqrt(Dh)  # q~ [B, Q, H, D]
         # Memory query result = sum_i R_i * MHA(LN(x), C_i)   (Section 2), mixed before W_v, W_o
         dropout = self.training and mha.dropout
-        read = visible.any(1).any(0).nonzero()[:, 0] if Q >= DENSE_MIN_QUERIES and not dropout else None
-        if read is not None and len(read) <= DENSE_CHUNKS_PER_K * k:
+        readable = visible.any(1).any(0).nonzero()[:, 0] if Q >= DENSE_MIN_QUERIES and not dropout else None
+        if readable is not None and len(readable) <= DENSE_CHUNKS_PER_K * k:
             # Few chunks read in all: every query scores every one it may read (mix_chunks_dense).
             dense_weights = torch.zeros_like(logits).scatter(-1, top_idx, weights)
-            if len(read) < M:
-                contents, slot_valid = contents[:, read], slot_valid[:, read]
-                dense_weights, visible = dense_weights[..., read], visible[..., read]
+            if len(readable) < M:
+                contents, slot_valid = contents[:, readable], slot_valid[:, readable]
+                dense_weights, visible = dense_weights[..., readable], visible[..., readable]
             slots = _prepare_slots(contents, self.memory_norm, slot_encoding)
             mixed = mix_chunks_dense(q_content, dense_weights, slots, slot_valid, visible).reshape(B * Q, H, D)
         else:
