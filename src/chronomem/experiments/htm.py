@@ -97,11 +97,11 @@ BALLET_SCALES = {
     # single-question task. Quick: the lr decays to 0 along a cosine over the 20-minute budget (whichever
     # of steps and budget ends first; Li et al. 2020's budgeted training), so a run cut by the clock has
     # annealed. Quick, 20 min, 2_delay16 / 8_delay16 / 8_delay48, HTM (the config above, two threads):
-    # 99.9 / 93.0 / 91.7 (6,380 steps); with the per-query gather read (slower) 99.3 / 89.3 / 85.6 (4,267
-    # steps), and with a constant lr as well 99.5 / 80.2 / 78.6 (3,992). On one core with top-k 8, before
-    # output_steps, constant lr: HTM 97.7 / 68.6 / 66.5 (the target's question alone: 94.9 / 49.7 /
-    # 48.3), Transformer-XL 97.7 / 74.7 / 57.2 (94.2 / 58.6 / 41.4), LSTM 92.9 / 53.6 / 51.7 (50.3 / 12.6 /
-    # 12.6); README.
+    # 99.9 / 93.0 / 91.7 (6,380 steps; seed 1 99.8 / 95.3 / 93.7); with the per-query gather read
+    # (slower) 99.3 / 89.3 / 85.6 (4,267 steps), and with a constant lr as well 99.5 / 80.2 / 78.6 (3,992).
+    # On one core with top-k 8, before output_steps, constant lr: HTM 97.7 / 68.6 / 66.5 (the target's
+    # question alone: 94.9 / 49.7 / 48.3), Transformer-XL 97.7 / 74.7 / 57.2 (94.2 / 58.6 / 41.4), LSTM
+    # 92.9 / 53.6 / 51.7 (50.3 / 12.6 / 12.6); README.
     "smoke": dict(levels=("2_delay16",), train_levels=("2_delay16", "4_delay16"), steps=2, batch_size=4,
                   lr=1e-3, budget=None, eval_examples=8, questions="every_dancer"),
     # The tour shows HTM learning within its 3 minutes: 2 dancers (8 stay near chance that briefly).
