@@ -399,22 +399,52 @@ def _prepare_slots(chunks: Tensor, norm: bool, slot_encoding: Tensor | None) -> 
     return chunks
 
 
+def _within_chunk_softmax(q: Tensor, flat: Tensor, slots: Tensor) -> Tensor:
+    """``q [n, R, D]`` (R query rows: the H heads of one query, or of several), ``flat [n, k*C, D]`` (k
+    chunks of C slots), ``slots [n, k, C]`` (valid slots) -> ``p [n, R, k, C]``, each row's softmax within
+    each chunk over its stored slots (a finite fill: an empty chunk, which only an invalid chunk can be,
+    gets uniform weights and then R_i = 0)."""
+    n, k, C = slots.shape
+    scores = torch.bmm(q, flat.transpose(1, 2)).view(n, -1, k, C)
+    return torch.softmax(scores.masked_fill(~slots[:, None], NEG), dim=-1)
+
+
 def _mix_block(
     q: Tensor, weights: Tensor, chunks: Tensor, slots: Tensor, dropout: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """One block: ``q [n, H, D]``, ``weights [n, k]``, ``chunks [n, k, C, D]``, ``slots [n, k, C]`` ->
-    the within-chunk softmax ``p [n, H, k, C]`` and ``mixed [n, H, D] = sum_{i,s} R_i p_is c_is``
-    (``dropout`` on ``p``, the attention dropout of the within-chunk MHA)."""
+    """One block: ``q [n, R, D]``, ``weights [n, k]`` (shared by the R rows) or ``[n, R, k]``,
+    ``chunks [n, k, C, D]``, ``slots [n, k, C]`` -> the within-chunk softmax ``p [n, R, k, C]`` and
+    ``mixed [n, R, D] = sum_{i,s} R_i p_is c_is`` (``dropout`` on ``p``, the attention dropout of the
+    within-chunk MHA)."""
     n, k, C, D = chunks.shape
     flat = chunks.view(n, k * C, D)
-    scores = torch.bmm(q, flat.transpose(1, 2)).view(n, -1, k, C)
-    # Softmax within each chunk over its stored slots (a finite fill: an empty chunk, which only an
-    # invalid chunk can be, gets uniform weights and then R_i = 0).
-    p = torch.softmax(scores.masked_fill(~slots[:, None], NEG), dim=-1)
+    p = _within_chunk_softmax(q, flat, slots)
     if dropout:
         p = F.dropout(p, dropout)
-    mixed = torch.bmm((p * weights[:, None, :, None]).view(n, -1, k * C), flat)
+    w = weights[:, None, :, None] if weights.dim() == 2 else weights[..., None]
+    mixed = torch.bmm((p * w).view(n, -1, k * C), flat)
     return p, mixed
+
+
+def _mix_backward(
+    p: Tensor, w: Tensor, flat: Tensor, grad_mixed: Tensor, q: Tensor, slot_grad: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Backward of ``_mix_block`` (without dropout): ``p [n, R, k, C]``, ``w`` the weights as
+    ``[n, 1 or R, k, 1]``, ``flat [n, k*C, D]``, ``grad_mixed`` and ``q [n, R, D]`` -> the gradient of the
+    weights per row ``[n, R, k]`` (sum it over rows that share a weight), of ``q`` ``[n, R, D]``, and
+    of ``flat`` (or None unless ``slot_grad``)."""
+    n, R, k, C = p.shape
+    # mixed = sum_{i,s} a_is c_is with a = R_i p_is
+    grad_a = torch.bmm(grad_mixed, flat.transpose(1, 2)).view(n, R, k, C)
+    grad_w = (grad_a * p).sum(-1)
+    grad_p = grad_a * w
+    grad_scores = (p * (grad_p - (grad_p * p).sum(-1, keepdim=True))).view(n, R, k * C)  # softmax backward
+    grad_q = torch.bmm(grad_scores, flat)
+    if not slot_grad:
+        return grad_w, grad_q, None
+    # c_is enters through mixed (weight a_is) and the scores (q . c_is)
+    coeff = torch.cat([(p * w).view(n, R, k * C), grad_scores], 1).transpose(1, 2)  # [n, k*C, 2R]
+    return grad_w, grad_q, torch.bmm(coeff, torch.cat([grad_mixed, q], 1))
 
 
 def _mix_selected_chunks_autograd(
@@ -470,17 +500,12 @@ class _MixSelectedChunks(torch.autograd.Function):
             n = end - start
             raw = table.index_select(0, rows[start:end].flatten()).view(n, k * C, D)
             flat = _prepare_slots(raw.view(n, k, C, D), ctx.norm, ctx.slot_encoding).view(n, k * C, D)
-            pb, wb = p[start:end], weights[start:end][:, None, :, None]
-            # mixed = sum_{i,s} a_is c_is with a = R_i p_is
-            grad_a = torch.bmm(grad_mixed[start:end], flat.transpose(1, 2)).view(n, H, k, C)
-            grad_w[start:end] = (grad_a * pb).sum((1, 3))
-            grad_p = grad_a * wb
-            grad_scores = pb * (grad_p - (grad_p * pb).sum(-1, keepdim=True))  # softmax backward
-            grad_q[start:end] = torch.bmm(grad_scores.view(n, H, k * C), flat)
-            if grad_table is not None:  # c_is enters through mixed (weight a_is) and the scores (q . c_is)
-                a = (pb * wb).view(n, H, k * C)
-                coeff = torch.cat([a, grad_scores.view(n, H, k * C)], 1).transpose(1, 2)  # [n, k*C, 2H]
-                grad_flat = torch.bmm(coeff, torch.cat([grad_mixed[start:end], q[start:end]], 1))
+            wb = weights[start:end][:, None, :, None]
+            grad_w_rows, grad_q[start:end], grad_flat = _mix_backward(
+                p[start:end], wb, flat, grad_mixed[start:end], q[start:end], grad_table is not None
+            )
+            grad_w[start:end] = grad_w_rows.sum(1)  # one weight per chunk, shared by the H heads
+            if grad_table is not None:
                 if ctx.norm:  # back through the LayerNorm of the slots (the encoding adds a constant)
                     with torch.enable_grad():
                         raw = raw.detach().requires_grad_()
@@ -513,30 +538,19 @@ def mix_selected_chunks(
     return _MixSelectedChunks.apply(q, weights, table, slot_table, rows, block, norm, slot_encoding)
 
 
-def _dense_scores(q: Tensor, slots: Tensor, slot_valid: Tensor) -> Tensor:
-    """One block of batch rows: ``q [b, Q, H, D]``, ``slots [b, M, C, D]``, ``slot_valid [b, M, C]`` -> the
-    within-chunk softmax ``p [b, Q, H, M, C]`` of every query over every chunk of its row."""
-    b, Q, H, D = q.shape
-    M, C = slots.shape[1:3]
-    scores = torch.bmm(q.reshape(b, Q * H, D), slots.reshape(b, M * C, D).transpose(1, 2))
-    scores = scores.view(b, Q, H, M, C).masked_fill(~slot_valid[:, None, None], NEG)  # finite: see _mix_block
-    return torch.softmax(scores, dim=-1)
-
-
 class _MixChunksDense(torch.autograd.Function):
-    """``mix_chunks_dense`` in blocks of batch rows; the backward recomputes the softmax (saves no
-    ``[Q, H, M, C]`` tensor). ``slots`` gets a gradient only when it requires one."""
+    """``mix_chunks_dense`` in blocks of batch rows, through ``_mix_block`` with the Q*H query rows of a
+    batch row as its rows; the backward recomputes the softmax (saves no ``[Q, H, M, C]`` tensor).
+    ``slots`` gets a gradient only when it requires one."""
 
     @staticmethod
     def forward(ctx, q, weights, slots, slot_valid, block):
         B, Q, H, D = q.shape
-        M, C = slots.shape[1:3]
         mixed = q.new_empty(B, Q, H, D)
         for start in range(0, B, block):
             rows = slice(start, min(B, start + block))
-            p = _dense_scores(q[rows], slots[rows], slot_valid[rows])
-            a = (p * weights[rows][:, :, None, :, None]).view(-1, Q * H, M * C)  # a_is = R_i p_is
-            mixed[rows] = torch.bmm(a, slots[rows].reshape(-1, M * C, D)).view(-1, Q, H, D)
+            _, mixed_rows = _mix_block(_rows(q[rows]), _rows(weights[rows], H), slots[rows], slot_valid[rows])
+            mixed[rows] = mixed_rows.view(-1, Q, H, D)
         ctx.save_for_backward(q, weights, slots, slot_valid)
         ctx.block = block
         return mixed
@@ -551,22 +565,24 @@ class _MixChunksDense(torch.autograd.Function):
         grad_slots = torch.empty_like(slots) if ctx.needs_input_grad[2] else None
         for start in range(0, B, ctx.block):
             rows = slice(start, min(B, start + ctx.block))
-            p = _dense_scores(q[rows], slots[rows], slot_valid[rows])
-            w = weights[rows][:, :, None, :, None]
-            flat = slots[rows].reshape(-1, M * C, D)
-            g = grad_mixed[rows].reshape(-1, Q * H, D)
-            grad_a = torch.bmm(g, flat.transpose(1, 2)).view(p.shape)
-            grad_w[rows] = (grad_a * p).sum((2, 4))
-            grad_p = grad_a * w
-            grad_scores = p * (grad_p - (grad_p * p).sum(-1, keepdim=True))  # softmax backward
-            grad_scores = grad_scores.view(-1, Q * H, M * C)
-            grad_q[rows] = torch.bmm(grad_scores, flat).view(-1, Q, H, D)
-            if grad_slots is not None:  # a slot enters through mixed (weight a_is) and the scores (q . c_is)
-                a = (p * w).view(-1, Q * H, M * C)
-                grad_flat = torch.bmm(a.transpose(1, 2), g)
-                grad_flat += torch.bmm(grad_scores.transpose(1, 2), q[rows].reshape(-1, Q * H, D))
+            q_rows, flat = _rows(q[rows]), slots[rows].reshape(-1, M * C, D)
+            p = _within_chunk_softmax(q_rows, flat, slot_valid[rows])
+            grad_w_rows, grad_q_rows, grad_flat = _mix_backward(
+                p, _rows(weights[rows], H)[..., None], flat, _rows(grad_mixed[rows]), q_rows, grad_slots is not None
+            )
+            grad_w[rows] = grad_w_rows.view(-1, Q, H, M).sum(2)  # a query's weight is shared by its heads
+            grad_q[rows] = grad_q_rows.view(-1, Q, H, D)
+            if grad_slots is not None:
                 grad_slots[rows] = grad_flat.view(-1, M, C, D)
         return grad_q, grad_w, grad_slots, None, None
+
+
+def _rows(t: Tensor, heads: int | None = None) -> Tensor:
+    """``[b, Q, H, D] -> [b, Q*H, D]`` (query rows), or with ``heads``: weights ``[b, Q, M]`` repeated for
+    each head, ``[b, Q*H, M]``."""
+    if heads is not None:
+        t = t[:, :, None].expand(-1, -1, heads, -1)
+    return t.reshape(t.shape[0], -1, t.shape[-1])
 
 
 def mix_chunks_dense(q: Tensor, weights: Tensor, slots: Tensor, slot_valid: Tensor, visible: Tensor) -> Tensor:
