@@ -181,6 +181,29 @@ def test_relative_attention_matches_naive_loops(causal):
     close(got, want, 1e-6)  # sinusoids are float32
 
 
+@pytest.mark.parametrize("table", [True, False])
+@pytest.mark.parametrize("n_q,n_k", [(1, 1), (1, 5), (3, 3), (4, 9), (5, 7)])
+def test_position_bias_matches_naive_pairs(table, n_q, n_k):
+    """Both ways to the position term (a table of R_{i-j} per pair, or the relative shift) equal
+    ``(q + v)^T W_kr R_{i-j}`` pair by pair, with the same gradients into q, v and W_kr."""
+    _seed(5)
+    ra = RelativeAttention(8, 2).double()
+    H, Dh = 2, 4
+    q = torch.randn(3, H, n_q, Dh, dtype=torch.float64, requires_grad=True)
+    want = torch.zeros(3, H, n_q, n_k, dtype=torch.float64)
+    for i in range(n_q):
+        for j in range(n_k):
+            r = ra.to_r.weight @ naive_sinusoid(n_k - n_q + i - j, 8).double()  # W_kr R_{i-j}
+            want[..., i, j] = ((q[..., i, :] + ra.v) * r.view(H, Dh)).sum(-1) / math.sqrt(Dh)
+    got = ra.position_bias(q, n_k, table=table)
+    close(got, want, 1e-6)  # sinusoids are float32
+    grad_out = torch.randn_like(want)
+    got_grads = torch.autograd.grad((got * grad_out).sum(), (q, ra.v, ra.to_r.weight))
+    want_grads = torch.autograd.grad((want * grad_out).sum(), (q, ra.v, ra.to_r.weight))
+    for g, w in zip(got_grads, want_grads, strict=True):
+        close(g, w, 1e-6)
+
+
 @pytest.mark.parametrize("n_q,n_k", [(1, 1), (1, 5), (3, 3), (4, 9), (5, 7)])
 def test_relative_shift_matches_gather(n_q, n_k):
     scores = torch.randn(2, 3, n_q, n_k + n_q - 1)

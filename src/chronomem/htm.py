@@ -599,21 +599,21 @@ def mix_chunks_dense(q: Tensor, weights: Tensor, slots: Tensor, slot_valid: Tens
     ``DENSE_QUERY_GROUP``, each scored only against the chunks one of its queries may read: with the
     causal chunk mask of a long call (``HTMTransformer``), the early queries skip the later chunks.
     """
-    B, Q, H, _ = q.shape
+    H = q.shape[2]
     mixed = []
-    for start in range(0, Q, DENSE_QUERY_GROUP):
-        group = slice(start, min(Q, start + DENSE_QUERY_GROUP))
-        chunks = visible[:, group].any(1).any(0).nonzero()[:, 0]  # the chunks this group may read
+    # split, not a slice per group: the backward of a slice zero-fills a gradient the size of all of q
+    groups = zip(*(t.split(DENSE_QUERY_GROUP, dim=1) for t in (q, weights, visible)), strict=True)
+    for g_q, g_weights, g_visible in groups:
+        chunks = g_visible.any(1).any(0).nonzero()[:, 0]  # the chunks this group may read
         if len(chunks) == 0:  # nothing to read: a zero read
-            mixed.append(q.new_zeros(q[:, group].shape))
+            mixed.append(torch.zeros_like(g_q))
             continue
+        g_slots, g_valid = slots, slot_valid
         if len(chunks) < slots.shape[1]:
-            g_weights, g_slots, g_valid = weights[:, group][..., chunks], slots[:, chunks], slot_valid[:, chunks]
-        else:
-            g_weights, g_slots, g_valid = weights[:, group], slots, slot_valid
+            g_weights, g_slots, g_valid = g_weights[..., chunks], slots[:, chunks], slot_valid[:, chunks]
         M, C = g_slots.shape[1:3]
-        block = max(1, BLOCK_BYTES // (q[:, group].shape[1] * H * M * C * q.element_size()))
-        mixed.append(_MixChunksDense.apply(q[:, group], g_weights, g_slots, g_valid, block))
+        block = max(1, BLOCK_BYTES // (g_q.shape[1] * H * M * C * q.element_size()))
+        mixed.append(_MixChunksDense.apply(g_q, g_weights, g_slots, g_valid, block))
     return torch.cat(mixed, dim=1)
 
 

@@ -329,14 +329,29 @@ class RelativeAttention(nn.Module):
         self.u = nn.Parameter(torch.randn(num_heads, self.head_dim) * 0.02)  # global content bias
         self.v = nn.Parameter(torch.randn(num_heads, self.head_dim) * 0.02)  # global position bias
 
-    def position_bias(self, q: Tensor, n_key: int) -> Tensor:
-        """``(q + v)^T W_kr R_{i-j}`` scaled: ``[B, H, Nq, Nk]`` for queries aligned with the last keys."""
+    def position_bias(self, q: Tensor, n_key: int, table: bool | None = None) -> Tensor:
+        """``(q + v)^T W_kr R_{i-j}`` scaled: ``[..., H, Nq, Nk]`` for queries aligned with the last keys.
+
+        Two ways to the same numbers. ``table=True``: gather ``W_kr R_{i-j}`` for every (query, key) pair
+        (``[Nq, Nk, D]``, shared by the batch) and take one dot product per pair, the formula as written.
+        ``table=False``: score each query against every distance (``[..., Nq, Nk + Nq - 1]``) and realign
+        with ``relative_shift``. The default takes the table when it is no larger than those scores, as
+        for windowed attention over a batch: there it is ~4x faster forward + backward, since the shift's
+        pad-and-slice views cost a zero-filled copy each in backward."""
         n_q = q.shape[-2]
         dist = torch.arange(n_key - 1, -n_q, -1, device=q.device)  # Nk - 1, ..., -(Nq - 1)
         r = self.to_r(sinusoid_from_positions(dist, self.dim).to(q.dtype))  # W_kr R: [P, D]
-        r = r.unflatten(-1, (self.num_heads, self.head_dim)).transpose(0, 1)  # [H, P, Dh]
-        scores = (q + self.v[:, None, :]) @ r.transpose(-1, -2)  # [B, H, Nq, P]
-        return relative_shift(scores, n_key) * self.head_dim**-0.5
+        r = r.unflatten(-1, (self.num_heads, self.head_dim))  # [P, H, Dh]
+        qv = q + self.v[:, None, :]
+        if table is None:
+            table = n_q * n_key * self.dim <= qv[..., 0].numel() * len(dist)
+        if table:
+            i = torch.arange(n_q, device=q.device)[:, None]
+            j = torch.arange(n_key, device=q.device)[None, :]
+            scores = torch.einsum("...hid,ijhd->...hij", qv, r[n_q - 1 - i + j])  # column of distance i - j
+        else:
+            scores = relative_shift(qv @ r.permute(1, 2, 0), n_key)  # [..., H, Nq, P] -> [..., H, Nq, Nk]
+        return scores * self.head_dim**-0.5
 
     def forward(
         self,
