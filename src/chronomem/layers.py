@@ -348,7 +348,7 @@ class RelativeAttention(nn.Module):
         if table:
             i = torch.arange(n_q, device=q.device)[:, None]
             j = torch.arange(n_key, device=q.device)[None, :]
-            scores = torch.einsum("...hid,ijhd->...hij", qv, r[n_q - 1 - i + j])  # column of distance i - j
+            scores = torch.einsum("...hid,ijhd->...hij", qv, r[n_q - 1 - i + j])  # distance (Nk - Nq + i) - j
         else:
             scores = relative_shift(qv @ r.permute(1, 2, 0), n_key)  # [..., H, Nq, P] -> [..., H, Nq, Nk]
         return scores * self.head_dim**-0.5
