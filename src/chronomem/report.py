@@ -1,0 +1,125 @@
+"""The measured-results page: ``chronomem report DIR ... > docs/results.md``.
+
+Every ``chronomem run`` writes ``OUT/results.json`` (DESIGN: experiment, scale, seed, results, paper,
+config, seconds). This module gathers those files from the directories it is given and renders one
+Markdown page, so the numbers in ``docs/results.md`` are never typed by hand: they are exactly what
+the runs wrote.
+
+One section per (experiment, scale). Each row is one (model, setting) pair -- long format, so an
+experiment whose models report different settings (the tour) gives no sparse matrix. With several
+seeds of the same experiment and scale, each seed gets a column and the mean is added.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+REQUIRED_KEYS = ("experiment", "scale", "results", "paper")
+
+
+def find_results(paths: Iterable[str | Path]) -> list[Path]:
+    """Every ``results.json`` under ``paths`` (a file is taken as it is), sorted by path.
+
+    A run's sub-runs (the tour writes one directory per experiment) are skipped when a parent
+    directory holds a results.json of its own: the parent's already contains their rows.
+    """
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            found += sorted(path.rglob("results.json"))
+        else:
+            raise ValueError(f"results path {str(path)!r} does not exist")
+    found = sorted(set(found))
+    dirs = {p.parent for p in found}
+    return [p for p in found if not any(parent in dirs for parent in p.parent.parents)]
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """Read one results.json and check it has the keys a report needs."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise ValueError(f"{path} is not a chronomem results.json: missing {missing}")
+    return data
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, (int, float)):
+        return "—" if isinstance(value, float) and math.isnan(value) else f"{value:.1f}"
+    return str(value)
+
+
+def _mean(values: list[Any]) -> Any:
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(numbers) != len(values) or not numbers:
+        return None
+    return sum(numbers) / len(numbers)
+
+
+def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
+    """The Markdown section of one (experiment, scale): one column per seed, the mean, the paper."""
+    runs_and_sources = sorted(runs_and_sources, key=lambda pair: (pair[0].get("seed", 0), pair[1]))
+    runs = [run for run, _ in runs_and_sources]
+    sources = [source for _, source in runs_and_sources]
+    first = runs[0]
+    seeds = [r.get("seed", 0) for r in runs]
+    rows: list[tuple[str, str]] = []
+    for run in runs:
+        for model, settings in run["results"].items():
+            rows += [(model, s) for s in settings if (model, s) not in rows]
+    several = len(runs) > 1
+    head = ["model", "setting"] + [f"seed {s}" for s in seeds] + (["mean"] if several else []) + ["paper"]
+    lines = [
+        f"## {first['experiment']} — `{first['scale']}`",
+        "",
+        f"Source: {', '.join(f'`{s}`' for s in sources)}; "
+        f"{'wall time' if not several else 'wall times'} "
+        + ", ".join(f"{r.get('seconds', float('nan')):.0f} s" for r in runs) + ".",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for model, setting in rows:
+        values = [r["results"].get(model, {}).get(setting) for r in runs]
+        cells = [_cell(v) for v in values]
+        if several:
+            cells.append(_cell(_mean(values)))
+        cells.append(_cell(first["paper"].get(model, {}).get(setting)))
+        lines.append(f"| {model} | {setting} | " + " | ".join(cells) + " |")
+    if first.get("metric"):
+        lines += ["", f"Metric: {first['metric']}."]
+    return "\n".join(lines)
+
+
+def results_page(paths: Iterable[str | Path], title: str = "Measured results") -> str:
+    """Render every results.json under ``paths`` as one Markdown page."""
+    files = find_results(paths)
+    if not files:
+        raise ValueError("no results.json found under the given paths")
+    groups: dict[tuple[str, str], list[tuple[dict, str]]] = {}
+    for path in files:
+        data = load_results(path)
+        groups.setdefault((data["experiment"], data["scale"]), []).append((data, path.parent.as_posix()))
+    parts = [
+        f"# {title}",
+        "",
+        "Generated by `chronomem report` from the runs' `results.json`; do not edit by hand. "
+        "Each cell is a number the run wrote (accuracy in % unless the section says otherwise); "
+        "`paper` is the paper's number for the same cell where it has one.",
+    ]
+    for key in sorted(groups):
+        parts += ["", section(groups[key])]
+    return "\n".join(parts) + "\n"

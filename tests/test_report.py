@@ -1,0 +1,64 @@
+"""The results page is rendered from results.json files, exactly as the runs wrote them."""
+
+import json
+
+import pytest
+
+from chronomem.report import find_results, results_page
+
+
+def write_run(directory, experiment="copy", scale="quick", seed=0, results=None, paper=None, **extra):
+    directory.mkdir(parents=True, exist_ok=True)
+    data = {"experiment": experiment, "scale": scale, "seed": seed, "seconds": 12.0,
+            "results": results or {"lstm": {"T=100": 30.25}}, "paper": paper or {"lstm": {"T=100": 99.0}},
+            "config": {}, **extra}
+    (directory / "results.json").write_text(json.dumps(data))
+    return directory
+
+
+def test_one_run_gives_a_row_per_model_and_setting(tmp_path):
+    write_run(tmp_path / "a", results={"lstm": {"T=100": 30.25}, "tlb": {"x1": 35.0}},
+              paper={"lstm": {"T=100": 99.0}}, metric="test accuracy (%)")
+    page = results_page([tmp_path])
+    assert "## copy — `quick`" in page
+    assert "| lstm | T=100 | 30.2 | 99.0 |" in page  # ours, then the paper's
+    assert "| tlb | x1 | 35.0 | — |" in page  # no sparse matrix: tlb has only its own setting
+    assert "| lstm | x1 |" not in page
+    assert "Metric: test accuracy (%)." in page
+
+
+def test_seeds_of_one_experiment_share_a_section_with_their_mean(tmp_path):
+    write_run(tmp_path / "s0", seed=0, results={"lstm": {"T=100": 30.0}})
+    write_run(tmp_path / "s1", seed=1, results={"lstm": {"T=100": 50.0}})
+    write_run(tmp_path / "other", experiment="listops", results={"tlb": {"x1": 35.0}}, paper={"tlb": {"x1": 38.2}})
+    page = results_page([tmp_path])
+    assert page.count("## copy") == 1 and page.count("## listops") == 1
+    assert "| model | setting | seed 0 | seed 1 | mean | paper |" in page
+    assert "| lstm | T=100 | 30.0 | 50.0 | 40.0 | 99.0 |" in page
+    assert "| tlb | x1 | 35.0 | 38.2 |" in page
+
+
+def test_a_tour_sub_run_is_not_counted_twice(tmp_path):
+    write_run(tmp_path / "tour", experiment="tour", results={"copy: lstm": {"T=100": 30.0}})
+    write_run(tmp_path / "tour" / "copy", experiment="copy", results={"lstm": {"T=100": 30.0}})
+    assert find_results([tmp_path]) == [tmp_path / "tour" / "results.json"]
+    assert "## copy" not in results_page([tmp_path])
+
+
+def test_the_same_inputs_give_the_same_page(tmp_path):
+    write_run(tmp_path / "b", seed=1)
+    write_run(tmp_path / "a", seed=0)
+    assert results_page([tmp_path]) == results_page([tmp_path / "b", tmp_path / "a"])
+
+
+def test_bad_inputs_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        results_page([tmp_path / "missing"])
+    with pytest.raises(ValueError, match="no results.json"):
+        results_page([tmp_path])
+    (tmp_path / "results.json").write_text(json.dumps({"experiment": "x"}))
+    with pytest.raises(ValueError, match="missing"):
+        results_page([tmp_path])
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        results_page([tmp_path])
