@@ -138,12 +138,15 @@ def test_time_limit():
             obs, reward, terminated, truncated, info = env.step(0 if step % 2 == env.cue_step % 2 else 4)
             step += 1
             assert reward == 0 and not terminated
-        # the reference counts the reset frame: max_steps frames, max_steps - 1 actions
-        assert step == info["step"] == limit - 1
+        # pycolab's frame is 0 on the reset frame and the episode ends at frame >= max_steps:
+        # exactly max_steps actions (320 / 1024)
+        assert step == info["step"] == limit
     env = BalletEnv("2_delay16", observation="symbolic", max_steps=10)
     env.reset(seed=0)
-    out = [env.step(0) for _ in range(9)]
-    assert [o[3] for o in out] == [False] * 8 + [True]
+    out = [env.step(0) for _ in range(10)]
+    assert [o[3] for o in out] == [False] * 9 + [True]
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(0)
 
 
 def test_walls_block_the_agent():

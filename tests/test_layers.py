@@ -15,8 +15,10 @@ from chronomem.layers import (
     causal_mask,
     check_mask,
     check_tensor,
+    check_token_ids,
     masked_mean,
     pad_to_multiple,
+    parameter_dtype,
     sinusoid_encoding,
     variance_scaling_,
 )
@@ -168,6 +170,43 @@ def test_recurrent_state_reset_and_detach():
     assert not s.detach().h.requires_grad
     with pytest.raises(TypeError):
         s.reset(torch.tensor([0, 1, 0]))
+
+
+def test_recurrent_state_reset_selects_a_poisoned_row_clean():
+    """reset restores zeros by selection: NaN * 0 and inf * 0 are NaN, so multiplying would not."""
+    h = torch.tensor([[float("nan"), 1.0], [float("inf"), -float("inf")], [2.0, 3.0]])
+    s = _State(h, torch.ones(3, 4, dtype=torch.bool))
+    r = s.reset(torch.tensor([True, True, False]))
+    assert torch.equal(r.h, torch.tensor([[0.0, 0.0], [0.0, 0.0], [2.0, 3.0]]))
+    assert torch.equal(r.valid.sum(1), torch.tensor([0, 0, 4]))
+
+
+def test_check_tensor_dtype_rule_and_batch():
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        out = check_tensor(x.to(dtype), "x", 3, 4, dtype=torch.float32)
+        assert out.dtype == torch.float32
+        assert torch.equal(out, x.to(dtype).float())
+    assert check_tensor(x, "x", 3, 4) is x  # no dtype: no cast
+    for dtype in (torch.int64, torch.int32, torch.bool):
+        with pytest.raises(TypeError, match=rf"feats must be a floating-point tensor.*{dtype}"):
+            check_tensor(torch.zeros(2, 3, 4, dtype=dtype), "feats", 3, 4, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"x must have batch size >= 1.*\(0, 3, 4\)"):
+        check_tensor(torch.zeros(0, 3, 4), "x", 3, 4)
+    assert parameter_dtype(torch.nn.Linear(2, 2).double()) == torch.float64
+
+
+def test_check_token_ids():
+    ids = torch.tensor([[0, 4, 2]], dtype=torch.int32)
+    assert torch.equal(check_token_ids(ids, "inputs", 5), ids.long())
+    with pytest.raises(ValueError, match=r"inputs must hold token ids in \[0, 5\).*\[-1, 5\].*\(1, 3\)"):
+        check_token_ids(torch.tensor([[-1, 5, 2]]), "inputs", 5)
+    with pytest.raises(ValueError, match=r"inputs must have 2 dimensions.*got shape \(3,\)"):
+        check_token_ids(torch.tensor([0, 1, 2]), "inputs", 5)
+    with pytest.raises(TypeError, match="inputs must be integer token ids.*float32"):
+        check_token_ids(torch.zeros(1, 3), "inputs", 5)
+    with pytest.raises(ValueError, match="batch size >= 1"):
+        check_token_ids(torch.zeros(0, 3, dtype=torch.long), "inputs", 5)
 
 
 def test_build_config():

@@ -39,6 +39,7 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
+    parameter_dtype,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
 )
@@ -103,10 +104,11 @@ class Transformer(nn.Module):
         self.norm = nn.LayerNorm(cfg.dim)
 
     def init_state(self, batch_size: int, device=None) -> None:
+        check_positive(batch_size, "batch_size")
         return None  # stateless
 
     def forward(self, x: Tensor, state=None, mask: Tensor | None = None) -> tuple[Tensor, None]:
-        check_tensor(x, "x", 3, self.dim, "[B, N, dim]")
+        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         batch, n = x.shape[:2]
         mask = check_mask(mask, "mask", (batch, n))
         if state is not None:
@@ -307,7 +309,7 @@ class TransformerXL(nn.Module):
         return y, XLState(torch.stack(memories, dim=1), key_valid[:, keep:])
 
     def forward(self, x: Tensor, state: XLState | None = None, mask: Tensor | None = None):
-        check_tensor(x, "x", 3, self.dim, "[B, N, dim]")
+        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         batch, n = x.shape[:2]
         given_mask = check_mask(mask, "mask", (batch, n))
         state = self._check_state(state, batch, x.device)
@@ -390,7 +392,7 @@ class LSTM(nn.Module):
         return state
 
     def forward(self, x: Tensor, state: LSTMState | None = None, mask: Tensor | None = None):
-        check_tensor(x, "x", 3, self.dim, "[B, N, dim]")
+        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         batch, n = x.shape[:2]
         mask = check_mask(mask, "mask", (batch, n))
         state = self._check_state(state, batch, x.device)

@@ -67,6 +67,7 @@ from chronomem.layers import (
     check_mask,
     check_positive,
     check_tensor,
+    parameter_dtype,
     sinusoid_encoding,
     split_chunks,
 )
@@ -205,7 +206,7 @@ class BLRP(nn.Module):
         return h.view_as(segments), m
 
     def forward(self, x: Tensor, state=None, mask: Tensor | None = None) -> tuple[Tensor, BLRPLatents]:
-        check_tensor(x, "x", 3, self.dim, "[B, N, dim]")
+        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         if state is not None:
             raise ValueError("BLRP reads the whole sequence in both directions and keeps no state between "
                              f"calls: state must be None, got {type(state).__name__}")

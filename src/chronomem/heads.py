@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.layers import masked_mean
+from chronomem.layers import check_tensor, check_token_ids, masked_mean
 
 
 class _Head(nn.Module):
@@ -46,6 +46,7 @@ class _Head(nn.Module):
         self.dim = dim
         self.out_dim = getattr(backbone, "out_dim", dim)
         self.tokens = vocab_size is not None
+        self.vocab_size, self.input_dim = vocab_size, input_dim
         self.embed = nn.Embedding(vocab_size, dim) if self.tokens else nn.Linear(input_dim, dim)
         self.reconstruction = float(reconstruction)
         self.auxiliary_loss: Tensor | None = None
@@ -55,14 +56,23 @@ class _Head(nn.Module):
     def encode(self, inputs: Tensor, state=None, mask: Tensor | None = None):
         """``(x, (y, state))``: the embedded inputs ``x [B, N, dim]`` and the backbone's output.
         Sets ``auxiliary_loss`` (see the module docstring)."""
-        if self.tokens and inputs.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
-            raise TypeError(f"inputs must be integer token ids [B, N], got dtype {inputs.dtype}")
-        x = self.embed(inputs if self.tokens else inputs.float())
+        inputs = self.check_inputs(inputs)
+        x = self.embed(inputs)
         y, state = self.backbone(x, state=state, mask=mask)
         self.auxiliary_loss = None
         if self.reconstruction and self.training:
             self.auxiliary_loss = self.reconstruction * self.reconstruction_loss(y, inputs, mask)
         return x, (y, state)
+
+    def check_inputs(self, inputs: Tensor) -> Tensor:
+        """Token ids ``[B, N]`` in ``[0, vocab_size)`` as int64, or features ``[B, N, input_dim]`` cast to
+        the embedding's dtype (the input rules of ``chronomem.layers``)."""
+        if self.tokens:
+            return check_token_ids(inputs, "inputs", self.vocab_size)
+        if isinstance(inputs, Tensor) and not inputs.is_floating_point():
+            raise TypeError(f"inputs must be floating-point features [B, N, input_dim={self.input_dim}], got "
+                            f"dtype {inputs.dtype} (integer token ids need a head built with vocab_size)")
+        return check_tensor(inputs, "inputs", 3, self.input_dim, "[B, N, input_dim]", dtype=self.embed.weight.dtype)
 
     def reconstruction_loss(self, y: Tensor, inputs: Tensor, mask: Tensor | None) -> Tensor:
         """Mean over valid steps of the loss of reconstructing each step's input from ``y`` at that step."""

@@ -111,6 +111,7 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
+    parameter_dtype,
     sinusoid_encoding,
     variance_scaling_,
 )
@@ -303,10 +304,10 @@ class HierarchicalMemory(RecurrentState):
         w = slots.to(self.accumulator.dtype)[..., None]
         key = (self.accumulator * w).sum(1) / w.sum(1).clamp_min(1.0)  # mean of the stored steps
         mem = self._commit(key[:, None], (self.accumulator * w)[:, None], slots[:, None], fresh[:, None])
-        d = done.view(-1, 1, 1).to(self.accumulator.dtype)
+        d = done.view(-1, 1, 1)
         mem = replace(
             mem,
-            accumulator=mem.accumulator * (1 - d),
+            accumulator=torch.where(d, 0.0, mem.accumulator),  # select: a NaN row comes back clean
             fill=torch.where(done, 0, mem.fill),
             carried=torch.where(done, 0, mem.carried),
         )
@@ -322,7 +323,7 @@ class HierarchicalMemory(RecurrentState):
         ``mask [B, N]`` (optional): valid steps, a prefix of each row (right padding is not stored).
         """
         B = self.batch_size
-        check_tensor(x, "x", 3, self.dim, "[B, N, D]")
+        x = check_tensor(x, "x", 3, self.dim, "[B, N, D]", dtype=self.keys.dtype)
         check_state_batch(B, x.shape[0], "memory")
         N = x.shape[1]
         check_mask(done, "done", (B, N))
@@ -684,7 +685,7 @@ class HTMAttention(nn.Module):
     def forward(self, queries: Tensor, memory: HierarchicalMemory, mask: Tensor | None = None) -> Tensor:
         if not isinstance(memory, HierarchicalMemory):
             raise TypeError(f"memory must be a HierarchicalMemory, got {type(memory).__name__}")
-        check_tensor(queries, "queries", 3, self.dim, "[B, Q, D]")
+        queries = check_tensor(queries, "queries", 3, self.dim, "[B, Q, D]", dtype=parameter_dtype(self))
         B, Q, _ = queries.shape
         check_state_batch(memory.batch_size, B, "memory")
         if memory.chunk_size != self.chunk_size:
@@ -692,7 +693,8 @@ class HTMAttention(nn.Module):
         if memory.dim != self.dim:
             raise ValueError(f"memory has dim {memory.dim}, the attention {self.dim}")
         check_mask(mask, "mask", (B, Q, memory.capacity))
-        return self.read(queries, memory.keys, memory.contents, memory.slot_valid, memory.valid, mask)
+        keys, contents = memory.keys.to(queries.dtype), memory.contents.to(queries.dtype)
+        return self.read(queries, keys, contents, memory.slot_valid, memory.valid, mask)
 
     def read(
         self,
@@ -803,10 +805,10 @@ class HTMTransformerState(RecurrentState):
         if not isinstance(done, Tensor) or done.dtype != torch.bool or done.dim() != 1:
             raise TypeError("done must be a boolean tensor of shape [B]")
         check_state_batch(self.position.shape[0], done.shape[0])
-        keep = (~done).to(self.caches[0].dtype).view(-1, 1, 1) if self.caches else None
+        keep = (~done).view(-1, 1, 1)
         return HTMTransformerState(
             memories=tuple(m.reset(done) for m in self.memories),
-            caches=tuple(c * keep for c in self.caches),
+            caches=tuple(torch.where(keep, c, 0.0) for c in self.caches),  # select, never multiply
             position=torch.where(done, 0, self.position),
         )
 
@@ -937,7 +939,10 @@ class HTMTransformer(nn.Module):
             for _ in range(cfg.depth)
         )
 
-    def init_state(self, batch_size: int, device=None, dtype=torch.float32) -> HTMTransformerState:
+    def init_state(self, batch_size: int, device=None, dtype=None) -> HTMTransformerState:
+        """The empty state; ``dtype`` defaults to the parameters' dtype."""
+        check_positive(batch_size, "batch_size")
+        dtype = parameter_dtype(self) if dtype is None else dtype
         cfg = self.config
         n_mem = 1 if cfg.shared_memory else cfg.depth
         memories = tuple(
@@ -1012,7 +1017,7 @@ class HTMTransformer(nn.Module):
 
     def forward(self, x: Tensor, state: HTMTransformerState | None = None, mask: Tensor | None = None):
         cfg = self.config
-        check_tensor(x, "x", 3, cfg.dim, "[B, N, dim]")
+        x = check_tensor(x, "x", 3, cfg.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         B, N, _ = x.shape
         if state is None:
             state = self.init_state(B, x.device, x.dtype)

@@ -14,6 +14,20 @@ Every model in chronomem is built from these pieces, so each idea is written onc
 * Mask and shape helpers that raise ``ValueError``/``TypeError`` naming the argument.
 * ``RecurrentState``: ``detach()`` and ``reset(done)`` for dataclass states of batch-first tensors.
 * ``build_config``: the keyword-or-``Config`` constructor convention.
+
+Input rules shared by every public module (each checks its inputs at its entry with ``check_tensor``
+or ``check_token_ids``, so a bad input never fails inside a matmul):
+
+* dtype: features must be a floating-point tensor. A float16, bfloat16, float32 or float64 input is
+  cast to the module's parameter dtype (``parameter_dtype``) at the entry, so the output has the
+  parameters' dtype whatever the input's. An integer or boolean tensor where features are expected
+  is a ``TypeError`` naming the argument and its dtype; integers belong on a head's token-ids path
+  (``vocab_size``), whose ids must lie in ``[0, vocab_size)`` (``ValueError`` otherwise).
+* batch: a batch of size 0 is a ``ValueError`` naming the argument (``init_state(0)`` too): no
+  module returns an empty output.
+* reset: ``RecurrentState.reset(done)`` restores the rows of ``done`` by selection
+  (``torch.where``), never by multiplying with ``1 - done``, so a row that held NaN or inf comes
+  back exactly as the initial state.
 """
 
 from __future__ import annotations
@@ -33,18 +47,66 @@ from torch import Tensor, nn
 # --------------------------------------------------------------------------------------------
 
 
-def check_tensor(x: Any, name: str, ndim: int, last_dim: int | None = None, shape_doc: str = "") -> Tensor:
-    """Return ``x`` if it is a floating tensor of rank ``ndim`` (and last size ``last_dim``)."""
-    doc = f" {shape_doc}" if shape_doc else ""
+def _check_shape(x: Any, name: str, ndim: int, last_dim: int | None, doc: str) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor{doc}, got {type(x).__name__}")
     if x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions{doc}, got shape {tuple(x.shape)}")
     if last_dim is not None and x.shape[-1] != last_dim:
         raise ValueError(f"{name} must have last dimension {last_dim}{doc}, got shape {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} must have batch size >= 1{doc}, got shape {tuple(x.shape)}")
     if x.dim() >= 2 and x.shape[1] == 0:
         raise ValueError(f"{name} is an empty sequence{doc}: shape {tuple(x.shape)}")
-    return x
+
+
+def check_tensor(
+    x: Any,
+    name: str,
+    ndim: int,
+    last_dim: int | None = None,
+    shape_doc: str = "",
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Return ``x`` if it is a floating tensor of rank ``ndim`` (and last size ``last_dim``) with a
+    batch (dim 0) and a sequence (dim 1) of at least one step; cast to ``dtype`` when given (the
+    input dtype rule of the module docstring: modules pass ``parameter_dtype(self)``)."""
+    doc = f" {shape_doc}" if shape_doc else ""
+    _check_shape(x, name, ndim, last_dim, doc)
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor{doc} (features), got dtype {x.dtype}"
+            + ("" if dtype is None else f"; floating inputs are cast to the module's {dtype}")
+        )
+    return x if dtype is None else x.to(dtype)
+
+
+def check_token_ids(x: Any, name: str, vocab_size: int) -> Tensor:
+    """Return ``x`` as int64 token ids if it is an integer tensor ``[B, N]`` with values in
+    ``[0, vocab_size)`` (one check of the range per call: an out-of-range id would otherwise fail
+    inside the embedding, as a device-side assert on a GPU)."""
+    doc = " [B, N] (token ids)"
+    if isinstance(x, Tensor) and (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool):
+        raise TypeError(f"{name} must be integer token ids{doc}, got dtype {x.dtype}")
+    _check_shape(x, name, 2, None, doc)
+    bad = (x < 0) | (x >= vocab_size)
+    if bool(bad.any()):
+        raise ValueError(
+            f"{name} must hold token ids in [0, {vocab_size}) (vocab_size={vocab_size}), got values in "
+            f"[{int(x.min())}, {int(x.max())}] (shape {tuple(x.shape)})"
+        )
+    return x.long()
+
+
+def parameter_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype of ``module``'s floating parameters (or buffers): the dtype its inputs are cast to."""
+    for t in module.parameters():
+        if t.is_floating_point():
+            return t.dtype
+    for t in module.buffers():
+        if t.is_floating_point():
+            return t.dtype
+    return torch.get_default_dtype()
 
 
 def check_mask(mask: Any, name: str, shape: Sequence[int]) -> Tensor | None:
@@ -450,9 +512,10 @@ def _map_tensors(value: Any, fn) -> Any:
 class RecurrentState:
     """Mixin for a frozen dataclass whose tensors all have the batch as their first dimension.
 
-    ``detach()`` stops gradients through every tensor; ``reset(done)`` zeroes (``False`` for boolean
-    fields, 0 for counters) the rows whose episode ended, which is the empty / initial state of every
-    chronomem module unless the module documents otherwise.
+    ``detach()`` stops gradients through every tensor; ``reset(done)`` sets the rows whose episode
+    ended to zero (``False`` for boolean fields, 0 for counters), which is the empty / initial state of
+    every chronomem module unless the module documents otherwise. It selects (``torch.where``) rather
+    than multiplies, so a row holding NaN or inf comes back clean.
     """
 
     def detach(self):
@@ -466,7 +529,7 @@ class RecurrentState:
             if t.shape[0] != done.shape[0]:
                 raise ValueError(f"done has batch size {done.shape[0]}, the state {t.shape[0]}")
             keep = ~done.view(-1, *([1] * (t.dim() - 1)))
-            return t & keep if t.dtype == torch.bool else t * keep.to(t.dtype)
+            return torch.where(keep, t, t.new_zeros(()))
 
         return _map_tensors(self, clear)
 

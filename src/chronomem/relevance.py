@@ -52,6 +52,7 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
+    parameter_dtype,
 )
 from chronomem.registry import register_model
 
@@ -187,9 +188,9 @@ class _AttentiveRecurrence(nn.Module):
         nn.init.normal_(self.v_a, std=math.sqrt(2.0 / (1 + H)))  # xavier_normal_ of a [1, H] matrix
 
     # ---------------------------------------------------------------------------------------
-    def _check_input(self, x: Tensor, mask: Tensor | None) -> Tensor | None:
-        check_tensor(x, "x", 3, self.input_size, "[B, T, input_size]")
-        return check_mask(mask, "mask", x.shape[:2])
+    def _check_input(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        x = check_tensor(x, "x", 3, self.input_size, "[B, T, input_size]", dtype=parameter_dtype(self))
+        return x, check_mask(mask, "mask", x.shape[:2])
 
     def _zeros_core(self, batch: int, device, dtype) -> tuple[Tensor, Tensor | None]:
         s = torch.zeros(batch, self.hidden_size, device=device, dtype=dtype)
@@ -297,7 +298,7 @@ class RelevanceRNN(_AttentiveRecurrence):
         return rel_mk, rel_valid, rel_score, rel_position
 
     def forward(self, x: Tensor, state: RelevanceState | None = None, mask: Tensor | None = None):
-        mask = self._check_input(x, mask)
+        x, mask = self._check_input(x, mask)
         batch, T = x.shape[:2]
         st = self._check_state(state, batch, x)
         nu, rho = self.buffer_size, self.relevant_size
@@ -375,7 +376,7 @@ class MemRNN(_AttentiveRecurrence):
                         torch.zeros(batch_size, dtype=torch.long, device=device))
 
     def forward(self, x: Tensor, state: MemState | None = None, mask: Tensor | None = None):
-        mask = self._check_input(x, mask)
+        x, mask = self._check_input(x, mask)
         batch, T = x.shape[:2]
         if state is None:
             state = self.init_state(batch, x.device, x.dtype)

@@ -68,6 +68,7 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
+    parameter_dtype,
     sinusoid_encoding,
     split_chunks,
 )
@@ -241,7 +242,7 @@ class TLB(nn.Module):
         return torch.where(valid[:, None, None], new, memory)
 
     def forward(self, x: Tensor, state: TLBState | None = None, mask: Tensor | None = None):
-        check_tensor(x, "x", 3, self.dim, "[B, L, dim]")
+        x = check_tensor(x, "x", 3, self.dim, "[B, L, dim]", dtype=parameter_dtype(self))
         batch, n = x.shape[:2]
         given_mask = check_mask(mask, "mask", (batch, n))
         state = self._check_state(state, batch, x.device)

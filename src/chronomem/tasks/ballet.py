@@ -17,9 +17,10 @@ Timing (the reference's pycolab update order, which this module reproduces): the
 produced by ``reset`` and already contains the first move of dancer 0. Calling the reset frame step 0,
 dancer ``i`` makes its moves 1..16 at steps ``i * (delay + 15) + 0..15`` and the cue (the dance
 name) appears in the observation of step ``n * (delay + 15)``; the action sent with that step is
-still ignored, so the agent first moves at step ``n * (delay + 15) + 1``. As in the reference the
-time limit counts frames including the reset frame: the episode is truncated when
-``step + 1 >= max_steps`` (at most ``max_steps - 1`` actions).
+still ignored, so the agent first moves at step ``n * (delay + 15) + 1``. The time limit is the
+reference's: its frame counter (pycolab's ``the_plot.frame``) is 0 on the reset frame and the episode
+ends once ``frame >= max_steps``, so an episode is truncated after ``max_steps`` actions (``step ==
+max_steps``), 320 at delay 16 and 1024 at delay 48.
 
 Observations (``BalletEnv``, a Gymnasium environment) are dicts:
 
@@ -258,7 +259,7 @@ class BalletEnv(_EnvBase):
         self.observation = observation
         if max_steps is None:
             max_steps = MAX_STEPS[self.delay]
-        self.max_steps = check_positive(max_steps, "max_steps", 2)
+        self.max_steps = check_positive(max_steps, "max_steps")
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.render_mode = render_mode
@@ -297,7 +298,7 @@ class BalletEnv(_EnvBase):
         self._dancer = None  # who is dancing now
         self._moves = 0  # moves made by the current dancer
         self._countdown = 1  # steps until the next dance starts (or the cue, once all have danced)
-        self._frame = 0
+        self._frame = -1  # pycolab's frame counter: the reset frame below is frame 0
         self._done = False
         self._build_palette()
         self._advance(None)  # the reference's first frame is an update without an action
@@ -360,7 +361,7 @@ class BalletEnv(_EnvBase):
         if not self.action_space.contains(action):
             raise ValueError(f"action must be an int in [0, {self.action_space.n}), got {action!r}")
         reward, terminated = self._advance(int(action))
-        truncated = not terminated and self._frame >= self.max_steps  # the reference counts the reset frame
+        truncated = not terminated and self._frame >= self.max_steps  # the reference's frame >= max_steps
         self._done = terminated or truncated
         return self._observe(), reward, terminated, truncated, self._info()
 
@@ -395,7 +396,7 @@ class BalletEnv(_EnvBase):
         return {"grid": self._symbols[codes], "instruction": self._instruction}
 
     def _info(self) -> dict:
-        return {"phase": self._phase, "step": self._frame - 1, "cue_step": self.cue_step,
+        return {"phase": self._phase, "step": self._frame, "cue_step": self.cue_step,
                 "target_cell": self.layout.label}
 
     def render(self):
