@@ -219,3 +219,33 @@ def test_build_config():
     assert build_config(Config, Config(6, 3), {"heads": 1}) == Config(6, 1)
     with pytest.raises(TypeError, match="unknown"):
         build_config(Config, None, {"width": 3})
+
+
+def test_state_select_and_concat_split_and_join_the_batch():
+    import dataclasses as dc
+
+    from chronomem.layers import RecurrentState, concat_states
+
+    @dc.dataclass(frozen=True)
+    class S(RecurrentState):
+        h: torch.Tensor
+        valid: torch.Tensor
+        pair: tuple
+
+    state = S(torch.arange(12.0).view(4, 3), torch.tensor([True, False, True, False]),
+              (torch.arange(4), torch.zeros(4, 2)))
+    order = torch.tensor([3, 1])
+    picked = state.select(order)
+    assert torch.equal(picked.h, state.h[order]) and torch.equal(picked.valid, state.valid[order])
+    assert torch.equal(picked.pair[0], torch.tensor([3, 1]))
+    assert torch.equal(state.select(torch.tensor([True, False, False, True])).h, state.h[[0, 3]])
+    joined = concat_states([state.select([0, 1]), state.select([2, 3])])
+    for a, b in zip(dc.astuple(joined), dc.astuple(state), strict=True):
+        if isinstance(a, tuple):
+            assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+        else:
+            assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="rows"):
+        state.select(torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match="at least one"):
+        concat_states([])

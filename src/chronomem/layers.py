@@ -533,6 +533,45 @@ class RecurrentState:
 
         return _map_tensors(self, clear)
 
+    def select(self, rows: Tensor | Sequence[int]):
+        """The state of the batch rows ``rows`` (indices or a boolean mask of shape [B]), in that order:
+        with ``concat_states`` this lets a learner form minibatches of environments."""
+        if not isinstance(rows, Tensor):
+            rows = torch.as_tensor(list(rows), dtype=torch.long)
+        if rows.dtype == torch.bool:
+            rows = rows.nonzero().flatten()
+        elif rows.dtype != torch.long or rows.dim() != 1:
+            raise TypeError(f"rows must be a 1-D long tensor of indices or a boolean mask, got {rows.dtype} "
+                            f"of shape {tuple(rows.shape)}")
+        return _map_tensors(self, lambda t: t[rows.to(t.device)])
+
+
+def _zip_tensors(values: Sequence[Any], fn) -> Any:
+    """Like ``_map_tensors`` over several values of one structure: ``fn`` gets the parallel tensors."""
+    first = values[0]
+    if isinstance(first, Tensor):
+        return fn(values)
+    if isinstance(first, (tuple, list)):
+        parts = [_zip_tensors([v[i] for v in values], fn) for i in range(len(first))]
+        if hasattr(first, "_fields"):
+            return type(first)(*parts)
+        return type(first)(parts)
+    if dataclasses.is_dataclass(first) and not isinstance(first, type):
+        fields = {f.name: _zip_tensors([getattr(v, f.name) for v in values], fn) for f in dataclasses.fields(first)}
+        return dataclasses.replace(first, **fields)
+    return first
+
+
+def concat_states(states: Sequence[Any]):
+    """Join states of one module along the batch (the inverse of ``state.select``)."""
+    states = list(states)
+    if not states:
+        raise ValueError("states must hold at least one state, got none")
+    kinds = {type(s) for s in states}
+    if len(kinds) != 1:
+        raise TypeError(f"states must all be of one type, got {sorted(k.__name__ for k in kinds)}")
+    return _zip_tensors(states, lambda ts: torch.cat(ts, dim=0))
+
 
 def build_config(config_cls, config: Any, kwargs: dict[str, Any]):
     """The constructor convention: ``Module(**kwargs)`` or ``Module(config=Module.Config(...))``.
