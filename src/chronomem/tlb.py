@@ -19,6 +19,9 @@ them from the authors' Long Range Arena code, and the numbers (1)-(7) below are 
        U   = I_{l-1} + CrossAttn(q = LN(I_{l-1} + P), kv = LN(H_l))      (padding masked)
        I_l = U + FFN(LN(U))
 
+   (with ``slot_encoding="state"``, the authors' code, ``P`` is written into the state first:
+   ``I_{l-1} <- I_{l-1} + P``, so the residual carries it and it accumulates over chunks.)
+
 4. Readout for classification (Sec. 4.3 "We take the mean across the temporal latent bottleneck
    state vectors"): ``summary = mean_n LN(I_last)[n]``; the Classifier head adds the MLP.
 
@@ -26,16 +29,25 @@ Speed (DESIGN.md 3.2 and 6): the ``R`` self-attention layers that precede the fi
 do not depend on the state, so they run on all chunks at once as one ``[B * chunks, K, D]`` call;
 only the cross-attentions, the later ``[R x self]`` groups and the state update loop over chunks.
 
+Where our defaults differ from the authors' LRA code (google-research/long-range-arena,
+``models/transformer_tlb``; docs/tlb.md gives each reason), and the option that gives theirs:
+
+* ``slot_encoding="read"``: ``P`` is added to the state whenever it is *read* (keys/values of the
+  perceptual cross-attention, queries of the update) and never written into it, so it does not
+  accumulate over chunks. Theirs adds it to the state before every chunk: ``"state"``.
+* Exact GELU (theirs: tanh approximation, ``gelu_approximate="tanh"``); LayerNorm eps 1e-5 (theirs
+  1e-6, ``norm_eps``); attention projections with biases (theirs without, ``attn_bias=False``);
+  attention width = ``dim`` (theirs ``qkv_dim``, an option); a learned initial state ``I_0``
+  (``N x D``, N(0, 0.02)) where theirs is zeros (``learned_init=False``).
+* ``TLB(preset="authors")`` (``Config.authors``) sets all of these and the authors' ListOps sizes.
+  ``tests/test_tlb_authors.py`` pins it to a transcription of their forward pass.
+
 Choices the paper leaves open (documented, not silent):
 
-* ``P``, the slot encoding, is added to the state whenever it is *read* (as keys/values of the
-  perceptual cross-attention and as the queries of the update) and never written into it, so it
-  does not accumulate over chunks. Without it, a zero initial state (the authors' LRA choice,
-  ``learned_init=False``) would keep all ``N`` slots identical forever.
-* ``learned_init=True`` (default) learns the initial state ``I_0`` (``N x D``, N(0, 0.02)).
 * A chunk that is all padding (for a row) leaves that row's state unchanged, so padding at the
   end of a sequence (or whole padded chunks) changes neither valid outputs nor the final state.
-  Positions inside a chunk count slots, so padding *inside* a chunk shifts nothing either.
+  Positions inside a chunk count slots, so padding *inside* a chunk shifts nothing either. (The
+  authors' code adds ``P`` to the state even for such chunks; neither mode copies that.)
 * Gradients flow through the state across chunks (and across calls while the state is not
   detached); ``truncate_every=n`` detaches the state after every ``n``-th chunk of a row.
 * ``causal=True`` (language modelling, decision making): causal self-attention inside a chunk;
