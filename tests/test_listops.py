@@ -233,3 +233,39 @@ def test_experiments_smoke(tmp_path):
     # the x1 column re-evaluates the trained checkpoint on the same test set: same accuracy
     for model, row in length["results"].items():
         assert row["x1"] == pytest.approx(result["results"][model]["accuracy"])
+
+
+@pytest.mark.skipif(not TRAIN_AVAILABLE, reason="chronomem.train is not importable yet")
+def test_paper_scale_models_are_configured_as_their_sources():
+    """paper scale: TLB is the authors' LRA model, the Transformer LRA's, BLRP paper 002 Table 2; the
+    LRA models train under LRA's schedule, 0.05 (/ 4 for TLB) * min(1, s / 1000) / sqrt(max(s, 1000))."""
+    from chronomem.experiments import listops as exp
+    from chronomem.heads import build_model
+    from chronomem.train.loop import make_optimizer, make_scheduler
+
+    s = exp.SCALES["paper"]
+    task = ListOpsTask(min_length=10, max_length=40, num_train=8, num_val=4, num_test=4, seed=0)
+    batch = task.sample(2, torch.Generator().manual_seed(0))
+    for model, width, base_lr in (("tlb", 512, 0.05 / 4), ("transformer", 512, 0.05), ("blrp", 64, None)):
+        options = exp.model_options(model, s)
+        torch.manual_seed(0)
+        net = build_model(model, task, **options).eval()
+        assert net.backbone.dim == width
+        logits, _ = net(batch.inputs, mask=batch.mask)
+        assert logits.shape == (2, 10) and torch.isfinite(logits).all()
+        cfg = exp.train_config("paper", 0, model)
+        lr = make_scheduler(make_optimizer(net, cfg), cfg).lr_lambdas[0]
+        if base_lr is None:  # paper 002 Table 2: AdamW 4e-4, linear decay
+            assert (cfg.lr, cfg.schedule, cfg.weight_decay) == (4e-4, "linear", 0.0)
+            assert (net.backbone.config.dim, net.readout) == (64, "mlp")
+            continue
+        assert isinstance(net.mlp[1], torch.nn.ReLU) and net.mlp[0].out_features == 1024  # LRA's head
+        assert (cfg.weight_decay, cfg.clip, cfg.betas, cfg.eps, cfg.steps, cfg.batch_size) == (
+            0.1, None, (0.9, 0.98), 1e-9, 5_000, 32)
+        for step in (1_000, 1_001, 2_500, 4_999):  # the rsqrt decay
+            assert cfg.lr * lr(step) == pytest.approx(base_lr / max(step, 1_000) ** 0.5, rel=1e-12)
+        for step in (0, 499, 998):  # the warm-up, one step ahead of LRA's (which starts at lr 0)
+            assert cfg.lr * lr(step) == pytest.approx(base_lr * (step + 1) / 1_000 / 1_000**0.5, rel=1e-12)
+    tlb = build_model("tlb", task, **exp.model_options("tlb", s)).backbone.config
+    assert tlb == type(tlb).authors()  # the authors' preset at their ListOps sizes
+    assert exp.model_options("transformer", s)["depth"] == 4  # base_listops_config.py: num_layers 4

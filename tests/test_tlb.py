@@ -13,6 +13,9 @@ torch.set_num_threads(1)
 
 D, K, N = 8, 4, 3  # width, chunk size, state vectors
 SMALL = dict(dim=D, num_heads=2, chunk_size=K, num_state=N, self_per_cross=1, depth=1, ff_mult=2.0)
+# The details of the authors' forward pass (TLB.Config.authors), at the small sizes.
+AUTHORS = dict(slot_encoding="state", learned_init=False, qkv_dim=6, attn_bias=False, norm_eps=1e-6,
+               gelu_approximate="tanh")
 
 
 def make(seed=0, dtype=torch.float64, **options) -> TLB:
@@ -122,7 +125,14 @@ def run_in_pieces(model, x, cuts, mask=None, state=None):
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"causal": True}, {"truncate_every": 2}, {"learned_init": False, "depth": 2}]
+    "options",
+    [
+        {},
+        {"causal": True},
+        {"truncate_every": 2},
+        {"learned_init": False, "depth": 2},
+        AUTHORS,  # P written into the state: it accumulates per chunk, and streaming still equals one call
+    ],
 )
 def test_streaming_equals_one_call(options):
     model = make(seed=6, **options)
@@ -187,9 +197,9 @@ def test_non_causal_information_flows_forward_only_through_the_state():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_padding_changes_nothing(causal):
-    model = make(seed=13, causal=causal, depth=2)
+@pytest.mark.parametrize("options", [{"causal": False}, {"causal": True}, AUTHORS])
+def test_padding_changes_nothing(options):
+    model = make(seed=13, depth=2, **options)
     L = 2 * K + 2
     x = randn(2, L, D, seed=14)
     y, state = model(x)

@@ -115,7 +115,10 @@ class Classifier(_Head):
     ``pooling`` is ``"mean"`` (over valid steps) or ``"last"`` (the last valid step); a backbone with a
     ``summary`` method overrides it. ``readout`` turns the pooled vector into logits:
 
-    * ``"mlp"`` (default): the LRA heads, Linear -> GELU -> Linear;
+    * ``"mlp"`` (default): Linear -> GELU -> Linear (our choice, GELU like the rest of the models);
+    * ``"relu_mlp"``: Linear -> ReLU -> Linear, the Long Range Arena classifier head
+      (``lra_benchmarks/models/layers/common_layers.py``, ``classifier_head``: Dense(mlp_dim), ReLU,
+      Dense(num_classes)), which the LRA models and the TLB authors' model use;
     * ``"choices"``: for tasks whose classes are candidate answers shown in the input at steps
       ``choice_steps`` (one per class). A linear projection of the pooled vector is compared with the
       embedding of each candidate by a dot product, and the dot products are the logits (paper 001
@@ -123,11 +126,15 @@ class Classifier(_Head):
       possible choices using dot products"). The candidates go through the same input embedding as
       everything else (App. B.4: "a single shared embedding layer").
 
+    ``mlp_dim`` is the hidden width of the two MLP readouts (``dim`` when None; LRA's is its FFN width).
+
     ``fixed_readout=True`` (with ``"choices"``; our option, not the paper's) keeps that projection at
     its random initialisation. On PAI's indirect query nothing in the output predicts the answer
     until two hops work, so a trained projection shrinks towards uniform logits (the loss sits at
     ln 2) and takes the signal for the second hop with it; fixed, it cannot (docs/htm.md, PAI).
     """
+
+    READOUTS = ("mlp", "relu_mlp", "choices")
 
     def __init__(
         self,
@@ -138,13 +145,16 @@ class Classifier(_Head):
         readout: str = "mlp",
         choice_steps: tuple[int, ...] | None = None,
         fixed_readout: bool = False,
+        mlp_dim: int | None = None,
         **inputs,
     ):
         super().__init__(backbone, dim, **inputs)
         if pooling not in ("mean", "last"):
             raise ValueError(f"pooling must be 'mean' or 'last', got {pooling!r}")
-        if readout not in ("mlp", "choices"):
-            raise ValueError(f"readout must be 'mlp' or 'choices', got {readout!r}")
+        if readout not in self.READOUTS:
+            raise ValueError(f"readout must be one of {self.READOUTS}, got {readout!r}")
+        if mlp_dim is not None and (isinstance(mlp_dim, bool) or not isinstance(mlp_dim, int) or mlp_dim < 1):
+            raise ValueError(f"mlp_dim must be a positive int (or None for dim), got {mlp_dim!r}")
         if readout == "choices" and (choice_steps is None or len(choice_steps) != num_classes):
             raise ValueError(
                 f"readout='choices' needs choice_steps, one input step per class ({num_classes}), got {choice_steps!r}"
@@ -154,8 +164,10 @@ class Classifier(_Head):
         self.pooling, self.readout = pooling, readout
         self.choice_steps = None if choice_steps is None else tuple(int(s) for s in choice_steps)
         self.norm = nn.LayerNorm(self.out_dim)
-        if readout == "mlp":
-            self.mlp = nn.Sequential(nn.Linear(self.out_dim, dim), nn.GELU(), nn.Linear(dim, num_classes))
+        hidden = dim if mlp_dim is None else mlp_dim
+        if readout in ("mlp", "relu_mlp"):
+            activation = nn.GELU() if readout == "mlp" else nn.ReLU()
+            self.mlp = nn.Sequential(nn.Linear(self.out_dim, hidden), activation, nn.Linear(hidden, num_classes))
         else:
             self.project = nn.Linear(self.out_dim, dim)  # the "final output embedding" of App. B.4
             self.project.requires_grad_(not fixed_readout)
@@ -173,7 +185,7 @@ class Classifier(_Head):
     def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
         x, (y, state) = self.encode(inputs, state, mask)
         pooled = self.pool(y, state, mask)
-        if self.readout == "mlp":
+        if self.readout != "choices":
             return self.mlp(pooled), state
         choices = x[:, list(self.choice_steps)]  # [B, num_classes, dim] the embedded answers on offer
         return torch.einsum("bd,bcd->bc", self.project(pooled), choices), state
@@ -189,13 +201,15 @@ def build_model(
     pooling: str = "mean",
     readout: str = "mlp",
     fixed_readout: bool = False,
+    mlp_dim: int | None = None,
     reconstruction: float = 0.0,
     **options,
 ) -> nn.Module:
     """Backbone ``model`` (a registry name) with the head that ``task`` needs.
 
     ``readout="choices"`` (classification only) scores the candidate answers at the task's
-    ``choice_steps`` (see ``Classifier``; ``fixed_readout`` keeps its projection untrained).
+    ``choice_steps`` (see ``Classifier``; ``fixed_readout`` keeps its projection untrained);
+    ``readout="relu_mlp"`` is LRA's classifier head, ``mlp_dim`` the hidden width of the MLP readouts.
     ``reconstruction`` weighs the auxiliary input reconstruction loss (module docstring; 0 = off)."""
     from chronomem.registry import get_model
 
@@ -206,10 +220,10 @@ def build_model(
     if task.kind == "classify":
         choice_steps = getattr(task, "choice_steps", None) if readout == "choices" else None
         return Classifier(backbone, dim, task.num_classes, pooling=pooling, readout=readout,
-                          choice_steps=choice_steps, fixed_readout=fixed_readout, **inputs)
-    if readout != "mlp" or fixed_readout:
-        raise ValueError(f"readout={readout!r} (fixed_readout={fixed_readout}) needs a classification task, "
-                         f"got task.kind={task.kind!r}")
+                          choice_steps=choice_steps, fixed_readout=fixed_readout, mlp_dim=mlp_dim, **inputs)
+    if readout != "mlp" or fixed_readout or mlp_dim is not None:
+        raise ValueError(f"readout={readout!r} (fixed_readout={fixed_readout}, mlp_dim={mlp_dim}) needs a "
+                         f"classification task, got task.kind={task.kind!r}")
     if task.kind == "tag":
         return Tagger(backbone, dim, task.num_classes, **inputs)
     raise ValueError(f"task.kind must be 'tag' or 'classify', got {task.kind!r}")

@@ -230,18 +230,20 @@ def sinusoid_encoding(
     check_positive(dim, "dim")
     if dim % 2:
         raise ValueError(f"dim of a sinusoid encoding must be even (sin and cos halves), got {dim}")
-    pos = torch.arange(length, device=device, dtype=torch.float32)
+    # A fixed table: computed once in float64 on the CPU, then rounded, so its float32 values are the
+    # correctly rounded sinusoids (a float32 angle at position 100 is already off by ~1e-5).
+    pos = torch.arange(length, dtype=torch.float64)
     if reverse:
         pos = pos.flip(0)
-    return sinusoid_from_positions(pos, dim).to(dtype)
+    return sinusoid_from_positions(pos, dim).to(device=device, dtype=dtype)
 
 
 def sinusoid_from_positions(pos: Tensor, dim: int) -> Tensor:
-    """Sinusoids ``[*pos.shape, dim]`` for arbitrary (possibly negative or fractional) positions."""
-    inv_freq = torch.exp(
-        -math.log(10000.0) * torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) / dim
-    )
-    angles = pos.to(torch.float32)[..., None] * inv_freq
+    """Sinusoids ``[*pos.shape, dim]`` for arbitrary (possibly negative or fractional) positions,
+    computed in float64 if ``pos`` is float64, else in float32."""
+    compute = torch.float64 if pos.dtype == torch.float64 else torch.float32
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, device=pos.device, dtype=compute) / dim)
+    angles = pos.to(compute)[..., None] * inv_freq
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
@@ -259,6 +261,10 @@ class MultiHeadAttention(nn.Module):
     * ``key_mask [B, Nk]`` and ``attn_mask`` (boolean, broadcastable to ``[B, H, Nq, Nk]``), ``True`` =
       may attend. A query with no visible key reads zeros (SDPA would return NaN).
     * ``causal``: query i sees keys up to ``i + Nk - Nq`` (queries aligned with the last keys).
+
+    ``qkv_dim`` is the width the heads work at (queries, keys and values; ``num_heads`` divides it),
+    ``dim`` by default; the output projection returns to ``dim`` (Flax's ``qkv_features``, as in the
+    Long Range Arena models). ``bias=False`` drops the biases of all four projections.
     """
 
     def __init__(
@@ -267,17 +273,20 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         *,
         kv_dim: int | None = None,
+        qkv_dim: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
     ):
         super().__init__()
+        self.qkv_dim = dim if qkv_dim is None else qkv_dim
         check_heads(dim, num_heads)
-        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        check_heads(self.qkv_dim, num_heads)
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, self.qkv_dim // num_heads
         self.kv_dim = dim if kv_dim is None else kv_dim
         self.dropout = dropout
-        self.to_q = nn.Linear(dim, dim, bias=bias)
-        self.to_kv = nn.Linear(self.kv_dim, 2 * dim, bias=bias)
-        self.to_out = nn.Linear(dim, dim, bias=bias)
+        self.to_q = nn.Linear(dim, self.qkv_dim, bias=bias)
+        self.to_kv = nn.Linear(self.kv_dim, 2 * self.qkv_dim, bias=bias)
+        self.to_out = nn.Linear(self.qkv_dim, dim, bias=bias)
 
     def _split(self, x: Tensor) -> Tensor:  # [B, N, D] -> [B, H, N, Dh]
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(-3, -2)
@@ -436,13 +445,30 @@ class RelativeAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP ``Linear -> GELU -> Linear`` (hidden = ``mult * dim``)."""
+    """Position-wise MLP ``Linear -> GELU -> Linear`` (hidden = ``mult * dim``).
 
-    def __init__(self, dim: int, mult: float = 4.0, dropout: float = 0.0, hidden: int | None = None):
+    ``gelu_approximate``: ``"none"`` (exact GELU) or ``"tanh"`` (the tanh approximation, the default
+    of ``jax.nn.gelu`` and so of the Flax models of Long Range Arena)."""
+
+    def __init__(
+        self,
+        dim: int,
+        mult: float = 4.0,
+        dropout: float = 0.0,
+        hidden: int | None = None,
+        *,
+        gelu_approximate: str = "none",
+    ):
         super().__init__()
+        if gelu_approximate not in ("none", "tanh"):
+            raise ValueError(f"gelu_approximate must be 'none' or 'tanh', got {gelu_approximate!r}")
         hidden = int(dim * mult) if hidden is None else hidden
         self.net = nn.Sequential(
-            nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, dim), nn.Dropout(dropout)
+            nn.Linear(dim, hidden),
+            nn.GELU(approximate=gelu_approximate),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, dim),
+            nn.Dropout(dropout),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -450,14 +476,28 @@ class FeedForward(nn.Module):
 
 
 class SelfAttentionBlock(nn.Module):
-    """Pre-LN Transformer layer: ``x + MHA(LN(x))`` then ``x + FFN(LN(x))``."""
+    """Pre-LN Transformer layer: ``x + MHA(LN(x))`` then ``x + FFN(LN(x))``.
 
-    def __init__(self, dim: int, num_heads: int, *, ff_mult: float = 4.0, dropout: float = 0.0):
+    ``qkv_dim`` and ``attn_bias`` go to ``MultiHeadAttention`` (``qkv_dim``, ``bias``),
+    ``gelu_approximate`` to ``FeedForward``, ``norm_eps`` to the LayerNorms."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        ff_mult: float = 4.0,
+        dropout: float = 0.0,
+        qkv_dim: int | None = None,
+        attn_bias: bool = True,
+        norm_eps: float = 1e-5,
+        gelu_approximate: str = "none",
+    ):
         super().__init__()
-        self.norm_attn = nn.LayerNorm(dim)
-        self.attn = MultiHeadAttention(dim, num_heads, dropout=dropout)
-        self.norm_ff = nn.LayerNorm(dim)
-        self.ff = FeedForward(dim, ff_mult, dropout)
+        self.norm_attn = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = MultiHeadAttention(dim, num_heads, qkv_dim=qkv_dim, bias=attn_bias, dropout=dropout)
+        self.norm_ff = nn.LayerNorm(dim, eps=norm_eps)
+        self.ff = FeedForward(dim, ff_mult, dropout, gelu_approximate=gelu_approximate)
 
     def forward(
         self, x: Tensor, key_mask: Tensor | None = None, attn_mask: Tensor | None = None, causal: bool = False
@@ -467,18 +507,32 @@ class SelfAttentionBlock(nn.Module):
 
 
 class CrossAttentionBlock(nn.Module):
-    """Pre-LN cross-attention layer: ``x + MHA(LN(x), LN(context))`` then ``x + FFN(LN(x))``."""
+    """Pre-LN cross-attention layer: ``x + MHA(LN(x), LN(context))`` then ``x + FFN(LN(x))``.
+
+    ``qkv_dim``, ``attn_bias``, ``norm_eps`` and ``gelu_approximate`` as in ``SelfAttentionBlock``."""
 
     def __init__(
-        self, dim: int, num_heads: int, *, context_dim: int | None = None, ff_mult: float = 4.0, dropout: float = 0.0
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        context_dim: int | None = None,
+        ff_mult: float = 4.0,
+        dropout: float = 0.0,
+        qkv_dim: int | None = None,
+        attn_bias: bool = True,
+        norm_eps: float = 1e-5,
+        gelu_approximate: str = "none",
     ):
         super().__init__()
         context_dim = dim if context_dim is None else context_dim
-        self.norm_query = nn.LayerNorm(dim)
-        self.norm_context = nn.LayerNorm(context_dim)
-        self.attn = MultiHeadAttention(dim, num_heads, kv_dim=context_dim, dropout=dropout)
-        self.norm_ff = nn.LayerNorm(dim)
-        self.ff = FeedForward(dim, ff_mult, dropout)
+        self.norm_query = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm_context = nn.LayerNorm(context_dim, eps=norm_eps)
+        self.attn = MultiHeadAttention(
+            dim, num_heads, kv_dim=context_dim, qkv_dim=qkv_dim, bias=attn_bias, dropout=dropout
+        )
+        self.norm_ff = nn.LayerNorm(dim, eps=norm_eps)
+        self.ff = FeedForward(dim, ff_mult, dropout, gelu_approximate=gelu_approximate)
 
     def forward(
         self, x: Tensor, context: Tensor, context_mask: Tensor | None = None, attn_mask: Tensor | None = None

@@ -19,6 +19,9 @@ them from the authors' Long Range Arena code, and the numbers (1)-(7) below are 
        U   = I_{l-1} + CrossAttn(q = LN(I_{l-1} + P), kv = LN(H_l))      (padding masked)
        I_l = U + FFN(LN(U))
 
+   (with ``slot_encoding="state"``, the authors' code, ``P`` is written into the state first:
+   ``I_{l-1} <- I_{l-1} + P``, so the residual carries it and it accumulates over chunks.)
+
 4. Readout for classification (Sec. 4.3 "We take the mean across the temporal latent bottleneck
    state vectors"): ``summary = mean_n LN(I_last)[n]``; the Classifier head adds the MLP.
 
@@ -26,16 +29,25 @@ Speed (DESIGN.md 3.2 and 6): the ``R`` self-attention layers that precede the fi
 do not depend on the state, so they run on all chunks at once as one ``[B * chunks, K, D]`` call;
 only the cross-attentions, the later ``[R x self]`` groups and the state update loop over chunks.
 
+Where our defaults differ from the authors' LRA code (google-research/long-range-arena,
+``models/transformer_tlb``; docs/tlb.md gives each reason), and the option that gives theirs:
+
+* ``slot_encoding="read"``: ``P`` is added to the state whenever it is *read* (keys/values of the
+  perceptual cross-attention, queries of the update) and never written into it, so it does not
+  accumulate over chunks. Theirs adds it to the state before every chunk: ``"state"``.
+* Exact GELU (theirs: tanh approximation, ``gelu_approximate="tanh"``); LayerNorm eps 1e-5 (theirs
+  1e-6, ``norm_eps``); attention projections with biases (theirs without, ``attn_bias=False``);
+  attention width = ``dim`` (theirs ``qkv_dim``, an option); a learned initial state ``I_0``
+  (``N x D``, N(0, 0.02)) where theirs is zeros (``learned_init=False``).
+* ``TLB(preset="authors")`` (``Config.authors``) sets all of these and the authors' ListOps sizes.
+  ``tests/test_tlb_authors.py`` pins it to a transcription of their forward pass.
+
 Choices the paper leaves open (documented, not silent):
 
-* ``P``, the slot encoding, is added to the state whenever it is *read* (as keys/values of the
-  perceptual cross-attention and as the queries of the update) and never written into it, so it
-  does not accumulate over chunks. Without it, a zero initial state (the authors' LRA choice,
-  ``learned_init=False``) would keep all ``N`` slots identical forever.
-* ``learned_init=True`` (default) learns the initial state ``I_0`` (``N x D``, N(0, 0.02)).
 * A chunk that is all padding (for a row) leaves that row's state unchanged, so padding at the
   end of a sequence (or whole padded chunks) changes neither valid outputs nor the final state.
-  Positions inside a chunk count slots, so padding *inside* a chunk shifts nothing either.
+  Positions inside a chunk count slots, so padding *inside* a chunk shifts nothing either. (The
+  authors' code adds ``P`` to the state even for such chunks; neither mode copies that.)
 * Gradients flow through the state across chunks (and across calls while the state is not
   detached); ``truncate_every=n`` detaches the state after every ``n``-th chunk of a row.
 * ``causal=True`` (language modelling, decision making): causal self-attention inside a chunk;
@@ -113,15 +125,13 @@ class TLBState(RecurrentState):
 
 class PerceptualGroup(nn.Module):
     """``R`` pre-LN self-attention + FFN layers (Eq. 5), then one pre-LN cross-attention + FFN layer
-    whose keys/values are the state (Eq. 6)."""
+    whose keys/values are the state (Eq. 6). ``block`` holds the blocks' keywords (``ff_mult``,
+    ``dropout``, ``qkv_dim``, ``attn_bias``, ``norm_eps``, ``gelu_approximate``)."""
 
-    def __init__(self, dim: int, num_heads: int, self_per_cross: int, ff_mult: float, dropout: float):
+    def __init__(self, dim: int, num_heads: int, self_per_cross: int, **block):
         super().__init__()
-        self.self_blocks = nn.ModuleList(
-            SelfAttentionBlock(dim, num_heads, ff_mult=ff_mult, dropout=dropout)
-            for _ in range(self_per_cross)
-        )
-        self.cross = CrossAttentionBlock(dim, num_heads, ff_mult=ff_mult, dropout=dropout)
+        self.self_blocks = nn.ModuleList(SelfAttentionBlock(dim, num_heads, **block) for _ in range(self_per_cross))
+        self.cross = CrossAttentionBlock(dim, num_heads, **block)
 
     def self_attend(self, h: Tensor, key_mask: Tensor | None, causal: bool) -> Tensor:
         for block in self.self_blocks:
@@ -130,16 +140,16 @@ class PerceptualGroup(nn.Module):
 
 
 class BottleneckUpdate(nn.Module):
-    """Eq. 7: ``U = I + CrossAttn(q=LN(I + P), kv=LN(H))``, ``I' = U + FFN(LN(U))``."""
+    """Eq. 7: ``U = S + CrossAttn(q=LN(I + P), kv=LN(H))``, ``I' = U + FFN(LN(U))``, where the residual
+    ``S`` is ``I`` (``slot_encoding="read"``) or ``I + P`` (``"state"``, the authors' code)."""
 
-    def __init__(self, dim: int, num_heads: int, ff_mult: float, dropout: float):
+    def __init__(self, dim: int, num_heads: int, **block):
         super().__init__()
-        self.block = CrossAttentionBlock(dim, num_heads, ff_mult=ff_mult, dropout=dropout)
+        self.block = CrossAttentionBlock(dim, num_heads, **block)
 
-    def forward(self, memory: Tensor, slots: Tensor, h: Tensor, key_mask: Tensor | None) -> Tensor:
+    def forward(self, residual: Tensor, query: Tensor, h: Tensor, key_mask: Tensor | None) -> Tensor:
         b = self.block
-        # The queries read the state with its slot encoding; the residual stream is the state itself.
-        u = memory + b.attn(b.norm_query(memory + slots), b.norm_context(h), key_mask=key_mask)
+        u = residual + b.attn(b.norm_query(query), b.norm_context(h), key_mask=key_mask)
         return u + b.ff(b.norm_ff(u))
 
 
@@ -149,8 +159,11 @@ class TLB(nn.Module):
     ``mask [B, L]`` (True = valid); outputs at padded positions are zero. ``state=None`` starts from
     the initial state ``I_0``. ``summary(y, state, mask)`` is the classification readout (mean of the
     normalised final state vectors). Defaults: the authors' LRA ListOps setting ``R=2, N=100, K=100``,
-    one ``[R x self, 1 x cross]`` group, width 64 (LRA-sized). See the module docstring for the
+    one ``[R x self, 1 x cross]`` group, width 64 (our size). See the module docstring for the
     equations and the choices the paper leaves open.
+
+    ``TLB(preset="authors", **overrides)`` (or ``TLB(config=TLB.Config.authors(**overrides))``) is the
+    authors' LRA model: their forward pass (``Config.authors``) and their ListOps sizes.
     """
 
     @dataclass
@@ -166,12 +179,47 @@ class TLB(nn.Module):
         truncate_every: int | None = None  # detach the state every n chunks (None: never)
         ff_mult: float = 4.0
         dropout: float = 0.0
+        # Details in which the authors' code differs from our defaults (docs/tlb.md says why):
+        slot_encoding: str = "read"  # "read": P added when the state is read; "state": written into it
+        qkv_dim: int | None = None  # width of the attention heads (None: dim)
+        attn_bias: bool = True  # biases on the attention projections
+        norm_eps: float = 1e-5  # LayerNorm epsilon
+        gelu_approximate: str = "none"  # "none" (exact GELU) or "tanh"
 
-    def __init__(self, config: Config | None = None, **kwargs):
+        @classmethod
+        def authors(cls, **overrides) -> TLB.Config:
+            """The authors' LRA TLB (google-research/long-range-arena: ``models/transformer_tlb``,
+            ``listops/configs/transformer_tlb_base.py`` on ``base_listops_config.py``): P written into
+            the state before every chunk, tanh GELU, LayerNorm eps 1e-6, bias-free attention
+            projections, a zero initial state, and their ListOps sizes (width 512, attention width 512,
+            FFN 1024, 8 heads, ``R=2, N=K=100``, dropout 0.1). ``overrides`` replace any field."""
+            authors = dict(
+                dim=512, qkv_dim=512, ff_mult=2.0, num_heads=8, chunk_size=100, num_state=100,
+                self_per_cross=2, depth=1, dropout=0.1, learned_init=False, slot_encoding="state",
+                attn_bias=False, norm_eps=1e-6, gelu_approximate="tanh",
+            )
+            return build_config(cls, None, {**authors, **overrides})
+
+    PRESETS = ("authors",)
+
+    def __init__(self, config: Config | None = None, *, preset: str | None = None, **kwargs):
         super().__init__()
+        if preset is not None:
+            if preset not in self.PRESETS:
+                raise ValueError(f"preset must be one of {self.PRESETS} (or None), got {preset!r}")
+            if config is not None:
+                raise TypeError("give either config or preset, not both")
+            config = self.Config.authors()
         cfg = self.config = build_config(self.Config, config, kwargs)
         check_heads(cfg.dim, cfg.num_heads)
         check_even_dim(cfg.dim)
+        qkv_dim = cfg.dim if cfg.qkv_dim is None else check_positive(cfg.qkv_dim, "qkv_dim")
+        if qkv_dim % cfg.num_heads:
+            raise ValueError(f"num_heads={cfg.num_heads} must divide qkv_dim={qkv_dim}")
+        if cfg.slot_encoding not in ("read", "state"):
+            raise ValueError(f"slot_encoding must be 'read' or 'state', got {cfg.slot_encoding!r}")
+        if not cfg.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {cfg.norm_eps!r}")
         check_positive(cfg.chunk_size, "chunk_size")
         check_positive(cfg.num_state, "num_state")
         check_positive(cfg.self_per_cross, "self_per_cross", minimum=0)
@@ -192,13 +240,16 @@ class TLB(nn.Module):
         self.register_buffer("chunk_encoding", sinusoid_encoding(cfg.chunk_size, cfg.dim), persistent=False)
 
         self.drop = nn.Dropout(cfg.dropout)
-        self.groups = nn.ModuleList(
-            PerceptualGroup(cfg.dim, cfg.num_heads, cfg.self_per_cross, cfg.ff_mult, cfg.dropout)
-            for _ in range(cfg.depth)
+        block = dict(
+            ff_mult=cfg.ff_mult, dropout=cfg.dropout, qkv_dim=qkv_dim, attn_bias=cfg.attn_bias,
+            norm_eps=cfg.norm_eps, gelu_approximate=cfg.gelu_approximate,
         )
-        self.update = BottleneckUpdate(cfg.dim, cfg.num_heads, cfg.ff_mult, cfg.dropout)
-        self.norm = nn.LayerNorm(cfg.dim)  # final LN of the token outputs (pre-LN stack)
-        self.norm_state = nn.LayerNorm(cfg.dim)  # LN(I_last) of the readout
+        self.groups = nn.ModuleList(
+            PerceptualGroup(cfg.dim, cfg.num_heads, cfg.self_per_cross, **block) for _ in range(cfg.depth)
+        )
+        self.update = BottleneckUpdate(cfg.dim, cfg.num_heads, **block)
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)  # final LN of the token outputs (pre-LN stack)
+        self.norm_state = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)  # LN(I_last) of the readout
 
     # ---- state ----------------------------------------------------------------------------------
 
@@ -223,22 +274,28 @@ class TLB(nn.Module):
 
     # ---- the two streams --------------------------------------------------------------------------
 
-    def perceive(self, h: Tensor, memory: Tensor, key_mask: Tensor | None, first_self_done: bool) -> Tensor:
-        """The perceptual module on one chunk ``h [B, K, D]`` reading the state ``I_{l-1}`` (Eq. 5, 6).
+    def perceive(self, h: Tensor, context: Tensor, key_mask: Tensor | None, first_self_done: bool) -> Tensor:
+        """The perceptual module on one chunk ``h [B, K, D]`` reading ``context = I_{l-1} + P`` (Eq. 5, 6).
 
         ``first_self_done``: the first group's self-attention layers were already applied (the batched
         fast path); only its cross-attention and the later groups remain.
         """
-        context = memory + self.slot_encoding.to(memory.dtype)  # the state with its slot encoding P
         for index, group in enumerate(self.groups):
             if index > 0 or not first_self_done:
                 h = group.self_attend(h, key_mask, self.causal)  # Eq. 5, within the chunk
             h = group.cross(h, context)  # Eq. 6: top-down conditioning on I_{l-1}
         return h
 
-    def slow_update(self, memory: Tensor, h: Tensor, key_mask: Tensor | None, valid: Tensor) -> Tensor:
-        """Eq. 7 for one chunk; rows whose chunk is all padding (``valid`` False) keep their state."""
-        new = self.update(memory, self.slot_encoding.to(memory.dtype), h, key_mask)
+    def slow_update(
+        self, memory: Tensor, context: Tensor, h: Tensor, key_mask: Tensor | None, valid: Tensor
+    ) -> Tensor:
+        """Eq. 7 for one chunk; rows whose chunk is all padding (``valid`` False) keep their state.
+
+        The queries read ``context = I + P``; the residual stream is ``I`` (``slot_encoding="read"``) or
+        ``I + P`` (``"state"``: the authors add P to the state before every chunk, so it accumulates).
+        """
+        residual = context if self.config.slot_encoding == "state" else memory
+        new = self.update(residual, context, h, key_mask)
         return torch.where(valid[:, None, None], new, memory)
 
     def forward(self, x: Tensor, state: TLBState | None = None, mask: Tensor | None = None):
@@ -266,12 +323,14 @@ class TLB(nn.Module):
         chunks = torch.where(state.fresh, torch.zeros_like(state.chunks), state.chunks)
         chunk_valid = m.any(2)  # [B, chunks]: rows whose chunk holds at least one valid token
         full = m.all(2).all(0).tolist()  # chunks without any padding need no mask
+        slots = self.slot_encoding.to(x.dtype)  # P
         outputs = []
         for index in range(num_chunks):
             key_mask = None if full[index] else m[:, index]
-            out = self.perceive(h[:, index], memory, key_mask, first_self_done=True)
+            context = memory + slots  # the state I_{l-1} read with its slot encoding
+            out = self.perceive(h[:, index], context, key_mask, first_self_done=True)
             valid = chunk_valid[:, index]
-            memory = self.slow_update(memory, out, key_mask, valid)
+            memory = self.slow_update(memory, context, out, key_mask, valid)
             chunks = chunks + valid.long()
             if self.config.truncate_every is not None:  # truncated backprop through the state
                 cut = valid & (chunks % self.config.truncate_every == 0)
@@ -305,8 +364,9 @@ def build_tlb(
     **options,
 ) -> TLB:
     """Registry builder. ``depth`` = repetitions of ``[R x self, 1 x cross]`` (the authors' LRA model is
-    ``depth=1, self_per_cross=2``). Other options: ``learned_init``, ``truncate_every``, ``ff_mult``,
-    ``dropout``."""
+    ``depth=1, self_per_cross=2``). Other options: ``preset="authors"`` (then the arguments given here
+    override the preset's sizes), ``learned_init``, ``truncate_every``, ``ff_mult``, ``dropout``,
+    ``slot_encoding``, ``qkv_dim``, ``attn_bias``, ``norm_eps``, ``gelu_approximate``."""
     return TLB(
         dim=dim,
         depth=depth,

@@ -1,19 +1,37 @@
 """listops and listops-length: paper 002 Tables 1 and 5 (and paper 003 Table 4) on Long Range Arena ListOps.
 
-``listops`` trains a Transformer, TLB, BLRP and Transformer-XL of the same width on generated ListOps
-and reports test accuracy (mean over seeds; each seed in ``extra``). ``listops-length`` evaluates
+``listops`` trains a Transformer, TLB, BLRP and Transformer-XL on generated ListOps and reports test
+accuracy (mean over seeds; each seed in ``extra``). ``listops-length`` evaluates
 the models that ``listops`` trained (their checkpoints in the sibling run directory ``../listops``,
 else it trains them again at the same scale) on the test set made 1x-4x longer by joining copies of
 each expression under a MAX (paper 002 Table 5), which keeps every label.
 
 Scales:
 
-* ``paper``: LRA data (500 < length < 2000, 96,000 / 2,000 / 2,000) and paper 002 Table 2 for every
-  model: emb 64, FFN hidden 128, 8 heads, segment/chunk 100, latent/state 100, batch 32, AdamW lr
-  4e-4, betas (0.9, 0.98), eps 1e-9, linear decay. Paper 002 gives no step count; we use LRA's 5,000
-  steps (``lra_benchmarks/listops/configs/base_listops_config.py``). Meant for a GPU.
-* ``quick``: a CPU-sized ListOps (50 < length < 150, 20,000 training expressions), width 64 as in
-  the paper, chunk/segment 20 with 20 state/latent vectors (sequences span 3-8 segments, as LRA's
+* ``paper``: LRA data (500 < length < 2000, 96,000 / 2,000 / 2,000), batch 32, 5,000 steps, and every
+  model configured as its source configures it (``PAPER_MODELS``; LRA files are in
+  google-research/long-range-arena):
+
+  - TLB: the authors' LRA model and training (``lra_benchmarks/listops/configs/transformer_tlb_base.py``
+    on ``base_listops_config.py``, model ``models/transformer_tlb/transformer_tlb.py``): the
+    ``authors`` preset (``TLB.Config.authors``), width 512, attention width 512, FFN 1024, 8 heads,
+    ``R=2, N=K=100``, dropout 0.1, LRA's ReLU classifier head of width 1024; Adam with decoupled
+    weight decay 0.1, betas (0.9, 0.98), eps 1e-9, no clipping, and LRA's schedule
+    ``0.05 / 4 * min(1, step / 1000) / sqrt(max(step, 1000))`` (``utils/train_utils.py``), i.e. a
+    linear warm-up to 3.95e-4 at step 1,000 then ``rsqrt`` decay.
+  - Transformer: LRA's ListOps Transformer (``listops/configs/transformer_base.py`` on
+    ``base_listops_config.py``, model ``models/transformer/transformer.py``): width 512, 4 layers,
+    8 heads, FFN 1024, dropout 0.1, the ReLU head of width 1024; the same optimiser and schedule with
+    base lr 0.05 (peak 1.58e-3).
+  - BLRP: paper 002 Table 2: emb 64, FFN hidden 128, 8 heads, segment 100, latent 100, AdamW lr 4e-4,
+    betas (0.9, 0.98), eps 1e-9, linear decay, clipping at 1. Paper 002 gives no step count; we use
+    LRA's 5,000 (``base_listops_config.py``).
+  - Transformer-XL (ours, no paper row): BLRP's sizes and optimiser, segment and memory 100.
+
+  Meant for a GPU.
+* ``quick``: a CPU-sized ListOps (50 < length < 150, 20,000 training expressions), one shared width
+  for every model (64, as paper 002 Table 2) with each model's own defaults (TLB without the
+  ``authors`` preset), chunk/segment 20 with 20 state/latent vectors (sequences span 3-8 segments, as LRA's
   span 5-20 segments of 100), the paper's optimiser with lr 1e-3 (2,500 steps instead of thousands
   of epochs' worth), 3 seeds, and the same wall-clock budget per seed for every model (280 s of
   training, so that a model's 3 seeds fit in 15 minutes on 2 cores; a slower model takes fewer steps).
@@ -22,13 +40,18 @@ Scales:
   at 900 steps at 64% of its peak lr while a faster one had annealed, a bias for the faster model.
 * ``tour``: TLB and BLRP only, one seed, about 3 minutes each. ``smoke``: seconds, for the tests.
 
-Deviation: the Transformer baseline of the papers' tables is LRA's (6 layers, emb 512); ours has the
-width and depth of the memories so that the comparison is like for like.
+Deviations at ``paper`` scale (docs/listops.md lists them): the LRA Transformer pools a CLS token and
+its blocks use bias-free attention, LayerNorm eps 1e-6 and tanh GELU; ours mean-pools with our blocks.
+LRA pads every example to 2,000 tokens; we pad a batch to its longest example (and TLB skips
+all-padding chunks, which the authors' code does not). LRA's warm-up starts at lr 0 on step 0, ours at
+``lr / 1000``. At ``quick`` scale the Transformer has the width and depth of the memories (2 layers)
+so that the comparison is like for like.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -71,13 +94,38 @@ SCALES = {
         width=dict(dim=64, num_heads=8, ff_mult=2.0), segment=100, memory=100, lr=4e-4,
         steps=5_000, batch_size=32, budget=None, eval_examples=2_000, seeds=3,
         models=("transformer", "tlb", "blrp", "transformer-xl"),
+        own=("transformer", "tlb"),  # configured from PAPER_MODELS; the others from width/lr (Table 2)
+    ),
+}
+
+# LRA's optimiser (lra_benchmarks/listops/train.py, create_optimizer; base_listops_config.py) and
+# schedule (utils/train_utils.py, create_learning_rate_scheduler: "constant * linear_warmup *
+# rsqrt_decay", warm-up 1,000). Our lr is the schedule's peak, base / sqrt(1000), reached at step 1,000.
+LRA_WARMUP = 1_000
+LRA_TRAIN = dict(optimizer="adamw", betas=(0.9, 0.98), eps=1e-9, weight_decay=0.1, clip=None,
+                 schedule="rsqrt", warmup=LRA_WARMUP)
+# The LRA ListOps sizes (base_listops_config.py): emb 512, qkv 512, mlp 1024, 8 heads, 4 layers; the
+# models' dropout defaults (0.1); classifier_head: Dense(mlp_dim) -> ReLU -> Dense.
+LRA_HEAD = dict(readout="relu_mlp", mlp_dim=1_024)
+PAPER_MODELS = {
+    "tlb": dict(  # transformer_tlb_base.py: learning_rate 0.05 / 4; R=2, N=K=100, one cross layer each way
+        model=dict(preset="authors", dim=512, qkv_dim=512, ff_mult=2.0, num_heads=8, depth=1,
+                   self_per_cross=2, chunk_size=100, num_state=100, dropout=0.1, **LRA_HEAD),
+        train=dict(LRA_TRAIN, lr=0.05 / 4 / math.sqrt(LRA_WARMUP)),
+    ),
+    "transformer": dict(  # transformer_base.py: base_listops_config.py as is, learning_rate 0.05
+        model=dict(dim=512, depth=4, num_heads=8, ff_mult=2.0, dropout=0.1, **LRA_HEAD),
+        train=dict(LRA_TRAIN, lr=0.05 / math.sqrt(LRA_WARMUP)),
     ),
 }
 
 
 def model_options(model: str, s: dict) -> dict:
-    """Backbone options at a scale: same width for all; depth 2 self-attention layers everywhere
-    (TLB: R=2 self layers then one cross layer per chunk; BLRP: Theta_SELF has two layers)."""
+    """Model options at a scale. A model the scale configures from its source (``s["own"]``, the
+    ``paper`` scale) takes ``PAPER_MODELS``; otherwise: one shared width, and two self-attention
+    layers everywhere (TLB: R=2 self layers then one cross layer per chunk; BLRP: Theta_SELF has two)."""
+    if model in s.get("own", ()):
+        return dict(PAPER_MODELS[model]["model"])
     width = dict(s["width"])
     if model == "transformer":
         return {**width, "depth": 2}
@@ -95,17 +143,37 @@ def make_task(scale: str, seed: int) -> ListOpsTask:
     return ListOpsTask(**SCALES[scale]["data"], seed=seed)
 
 
-def train_config(scale: str, seed: int):
+def train_config(scale: str, seed: int, model: str | None = None):
     from chronomem.train import TrainConfig
 
     s = SCALES[scale]
     # paper 002 Sec. 4 / Table 2: AdamW, lr 4e-4, betas (0.9, 0.98), eps 1e-9, linear decay, batch 32
     # (CPU scales: lr 1e-3, as they train for only a few thousand steps)
-    return TrainConfig(
+    options = dict(
         steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], optimizer="adamw", betas=(0.9, 0.98),
         eps=1e-9, schedule="linear", clip=1.0, seed=seed, eval_examples=s["eval_examples"],
         time_budget=s["budget"], anneal_by="budget" if s["budget"] else "steps", progress=False,
     )
+    if model in s.get("own", ()):  # the model's source sets its optimiser and schedule
+        options.update(PAPER_MODELS[model]["train"])
+    return TrainConfig(**options)
+
+
+def describe_optimizer(config) -> str:
+    clip = "no clipping" if config.clip is None else f"clip {config.clip}"
+    warmup = f"warm-up {config.warmup}, " if config.warmup else ""
+    return (f"{config.optimizer} lr {config.lr:.4g} betas {config.betas} eps {config.eps:g} weight decay "
+            f"{config.weight_decay:g}, {warmup}{config.schedule} schedule, {clip}")
+
+
+MODEL_SOURCES = {  # where each model's paper-scale configuration comes from
+    "tlb": "the authors' LRA code: google-research/long-range-arena, listops/configs/transformer_tlb_base.py "
+           "(on base_listops_config.py) and models/transformer_tlb/transformer_tlb.py",
+    "transformer": "LRA: google-research/long-range-arena, listops/configs/transformer_base.py (on "
+                   "base_listops_config.py) and models/transformer/transformer.py",
+    "blrp": "paper 002 Table 2",
+    "transformer-xl": "ours (no paper row): BLRP's sizes and optimiser",
+}
 
 
 def _available(model: str) -> bool:
@@ -125,7 +193,7 @@ def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None 
         accuracies = []
         for k in range(s["seeds"]):
             run_seed = seed + k
-            row = train_and_evaluate(model, task, options, train_config(scale, run_seed),
+            row = train_and_evaluate(model, task, options, train_config(scale, run_seed, model),
                                      out=Path(out) / model / f"seed{run_seed}")
             accuracies.append(row["accuracy"])
             extra["runs"][f"{model}/seed{run_seed}"] = {
@@ -137,7 +205,8 @@ def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None 
             extra.setdefault("std", {})[model] = statistics.stdev(accuracies)
     extra["data"] = describe_data(task)
     config = {"scale": s, "task": task.describe(), "models": {m: model_options(m, s) for m in models},
-              "optimizer": f"adamw lr {s['lr']} betas (0.9, 0.98) eps 1e-9, linear decay, clip 1.0"}
+              "optimizer": {m: describe_optimizer(train_config(scale, seed, m)) for m in models},
+              "sources": {m: MODEL_SOURCES[m] for m in models if m in MODEL_SOURCES}}
     return {"results": results, "config": config, "extra": extra}
 
 
@@ -243,14 +312,14 @@ def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None
 LISTOPS = register_experiment(
     Experiment(
         name="listops",
-        description="Transformer, TLB, BLRP and Transformer-XL (one width) on generated ListOps (LRA rules).",
+        description="Transformer, TLB, BLRP and Transformer-XL on generated ListOps (LRA rules).",
         run=_run_listops,
         paper=PAPER_ACCURACY,
         metric="test accuracy (%), mean over seeds",
         paper_source="paper 002 Table 1 (BLRP) and paper 003 Table 4 (TLB, Transformer), on LRA data",
-        notes="quick/tour/smoke use shorter expressions than LRA (see config); chance is 10% and the "
-        "majority class is in extra.data. The papers' Transformer is LRA's (6 layers, emb 512); ours has "
-        "the width and depth of the memories.",
+        notes="quick/tour/smoke use shorter expressions than LRA and one shared width (see config); chance "
+        "is 10% and the majority class is in extra.data. At paper scale TLB is the authors' LRA model, the "
+        "Transformer LRA's (emb 512, 4 layers) and BLRP paper 002 Table 2 (config.sources).",
         tour=_tour,
     )
 )

@@ -24,7 +24,7 @@ from chronomem.train.checkpoint import load_checkpoint, save_checkpoint, save_co
 from chronomem.train.metrics import MetricsLogger, loss_and_accuracy
 
 OPTIMIZERS = ("adamw", "rmsprop")
-SCHEDULES = ("constant", "linear", "cosine")
+SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
 ANNEAL_BY = ("steps", "budget")
 
 
@@ -99,7 +99,9 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 def make_scheduler(
     optimizer: torch.optim.Optimizer, cfg: TrainConfig, budget_spent: Callable[[], float] | None = None
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over ``warmup`` steps, then constant, linear decay or cosine decay to zero.
+    """Linear warmup over ``warmup`` steps, then constant, linear decay or cosine decay to zero, or
+    ``"rsqrt"``: ``lr * sqrt(warmup / step)``, the inverse square root decay of Long Range Arena's
+    trainer (``constant * linear_warmup * rsqrt_decay``, with ``lr`` its peak, reached at ``warmup``).
 
     With ``cfg.anneal_by == "budget"``, ``budget_spent()`` (the fraction of ``cfg.time_budget`` used
     so far) advances the decay when it is ahead of the step count.
@@ -110,6 +112,8 @@ def make_scheduler(
             return (step + 1) / cfg.warmup
         if cfg.schedule == "constant":
             return 1.0
+        if cfg.schedule == "rsqrt":  # never reaches zero, so neither the step count nor a budget moves it
+            return math.sqrt(max(1, cfg.warmup) / max(1, cfg.warmup, step))
         progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
         if cfg.anneal_by == "budget" and budget_spent is not None:
             progress = max(progress, budget_spent())
