@@ -53,6 +53,7 @@ TINY = ["--dim", "16", "--depth", "1", "--heads", "2", "--threads", "1", "--repe
 def plugin(tmp_path):
     path = tmp_path / "plugin.py"
     path.write_text(PLUGIN)
+    registry.names()  # load the built-in models first, so that the restore below keeps them
     before = dict(registry.MODELS)
     yield str(path)
     registry.MODELS.clear()
@@ -66,13 +67,11 @@ def _points(out):
 
 def test_quick_schema(tmp_path, plugin):
     out = tmp_path / "quick"
-    argv = ["--quick", "--models", "transformer", "bench-tiny", "not-a-model", "--lengths", "32", "96"]
+    argv = ["--quick", "--models", "transformer", "bench-tiny", "--lengths", "32", "96"]
     assert bench.main([*argv, *TINY, "--plugin", plugin, "--out", str(out)]) == 0
     results, points = _points(out)
-    assert {"config", "machine", "points", "slopes", "targets", "unavailable", "peers", "seconds"} <= set(results)
+    assert {"config", "machine", "points", "slopes", "targets", "peers", "seconds"} <= set(results)
     assert results["config"]["lengths"] == [32, 96] and results["config"]["quick"] is True
-    assert results["unavailable"] == ["not-a-model"]
-    assert points[("not-a-model", 32, "train")]["status"] == "unavailable"
     for model in ("transformer", "bench-tiny"):
         for n in (32, 96):
             for mode in ("infer", "train"):
@@ -85,7 +84,7 @@ def test_quick_schema(tmp_path, plugin):
         fit = results["slopes"][model]["train"]["time"]
         assert fit["range"] == [32, 96] and fit["points"] == 2 and math.isfinite(fit["slope"])
     report = (out / "report.md").read_text()
-    assert "| transformer |" in report and "not-a-model" in report
+    assert "| transformer |" in report and "| bench-tiny |" in report
     assert (out / "time.png").stat().st_size > 0 and (out / "memory.png").stat().st_size > 0
 
 
@@ -159,3 +158,39 @@ def test_count_flops_of_attention_equals_hand_count(key_mask):
     mask = torch.ones(1, n, dtype=torch.bool) if key_mask else None
     flops = bench.count_flops(lambda t: attn(t, key_mask=mask), x)
     assert flops == 2 * n * d * d * 4 + 2 * 2 * n * n * d
+
+
+def test_unknown_model_is_an_error(tmp_path, capsys):
+    """An unknown name fails at once, in one line naming it and listing the valid ones; nothing written."""
+    from chronomem.cli import main as chronomem
+
+    out = tmp_path / "bench"
+    assert bench.main(["--quick", "--models", "transformer", "nope", *TINY, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("chronomem bench: error: --models")
+    assert "'nope'" in err and "valid models:" in err and "transformer" in err and "htm" in err
+    assert chronomem(["bench", "--quick", "--models", "nope", *TINY, "--out", str(out)]) == 2
+    assert "'nope'" in capsys.readouterr().err
+    assert bench.main(["--quick", "--models", "lstm", "--model-opt", "nope:x=1", *TINY, "--out", str(out)]) == 2
+    assert "--model-opt: unknown model(s) 'nope'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_out_holding_a_run_is_refused(tmp_path, capsys):
+    """A benchmark never overwrites another run's files."""
+    out = tmp_path / "bench"
+    out.mkdir()
+    (out / "results.json").write_text('{"earlier": "run"}\n')
+    argv = ["--quick", "--models", "lstm", "--lengths", "8", *TINY, "--out", str(out)]
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "already holds a benchmark (results.json)" in err and str(out) in err
+    assert [p.name for p in out.iterdir()] == ["results.json"]
+    assert (out / "results.json").read_text() == '{"earlier": "run"}\n'
+    (out / "results.json").unlink()
+    (out / "peers.json").write_text("{}")
+    assert bench.main(["--peer", "only", "--out", str(out)]) == 2  # the peer comparison alone too
+    assert "(peers.json)" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("")
+    assert bench.main([*argv[:-1], str(tmp_path / "a-file")]) == 2
+    assert "is a file" in capsys.readouterr().err

@@ -8,24 +8,22 @@ Authors' settings (DESIGN.md 3.4): hidden 128, nu=10 / rho=15 on Copy, nu=15 / r
 batch 10, RMSprop lr 1e-3, gradient clipping 1.0. Tokens go through the heads' embedding (equivalent
 to the authors' one-hot input times U).
 
-Memory: every transfer evaluation runs in a fresh subprocess (``python -c``) whose data segment is
-capped at ``memory_cap_mb`` (RLIMIT_DATA); it reports its peak resident memory (ru_maxrss). A run that
-cannot allocate under the cap is reported as ``"OOM"`` (as the paper reports MemRNN), and
-``extra["peak_memory_mb"]`` holds the peak of every T that ran, so linear vs quadratic growth shows.
-For denoise, one training step at each T is probed the same way before training (MemRNN's saved
-activations grow as T^2): a model whose step does not fit is ``"OOM"`` at that T.
+Memory: every transfer evaluation runs in a fresh process measured by the benchmark's worker
+(``chronomem.bench.worker``, as ``chronomem bench`` measures its backbones): peak resident memory
+(``VmHWM``) above a baseline taken once the model is built and its weights loaded. A run whose peak
+above the baseline passes ``cap_mb``, or that cannot allocate, is reported as ``"OOM"`` (as the paper
+reports MemRNN), and ``extra["peak_memory_mb"]`` / ``extra["delta_memory_mb"]`` hold the peak and the
+peak above the baseline of every T that ran, so linear vs quadratic growth shows. For denoise, one
+training step at each T is probed the same way before training (MemRNN's saved activations grow as
+T^2): a model whose step does not fit is ``"OOM"`` at that T.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from chronomem.bench.worker import OK, OOM, measure
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.registry import register_experiment
 
@@ -61,7 +59,8 @@ def model_options(model: str, hidden: int, nu: int, rho: int) -> dict:
 
 TRANSFER_MODELS = ("relevance-rnn", "relevance-lstm", "mem-rnn", "lstm")
 TRANSFER_SCALES = {
-    # eval: {T: number of evaluation sequences}; budget: training seconds per model; cap: MB per eval process
+    # eval: {T: number of evaluation sequences}; budget: training seconds per model;
+    # cap_mb: peak memory (MB) above the baseline of an evaluation process
     "smoke": dict(train_T=10, eval={10: 8, 40: 8}, hidden=16, steps=3, batch=4, budget=None,
                   eval_batch=8, cap_mb=4096, models=TRANSFER_MODELS),
     "tour": dict(train_T=100, eval={100: 200, 200: 200, 400: 100, 2000: 20}, hidden=128, steps=100_000,
@@ -88,13 +87,8 @@ OPTIM = dict(lr=1e-3, optimizer="rmsprop", clip=1.0)  # the authors' RMSprop (al
 # --------------------------------------------------------------------------------------------
 
 
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
-
-
-def _worker() -> None:
-    """Entry point of the subprocess: reads a JSON request on stdin, prints a JSON answer."""
-    req = json.loads(sys.stdin.read())
+def capped_job(request: dict, meter) -> None:
+    """Evaluation, or one training step, of a model in the measuring process (``run_capped``)."""
     import torch
 
     from chronomem.heads import build_model
@@ -102,45 +96,41 @@ def _worker() -> None:
     from chronomem.train import evaluate
     from chronomem.train.metrics import loss_and_accuracy
 
-    torch.set_num_threads(1)
-    task = get_task(req["task"])(**req["task_options"])
-    torch.manual_seed(0)
-    net = build_model(req["model"], task, **req["model_options"])
-    if req.get("weights"):
-        net.load_state_dict(torch.load(req["weights"], weights_only=True))
-    baseline = _peak_mb()
-    cap = int(req["cap_mb"] * 2**20)
-    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
-    answer = {"baseline_mb": round(baseline, 1)}
     try:
-        if req["mode"] == "eval":
-            metrics = evaluate(net, task, req["batch_size"], req["num_examples"])
-            answer["accuracy"] = metrics["accuracy"]
-        else:  # one training step: forward + backward at this length
-            batch = task.sample(req["batch_size"], torch.Generator().manual_seed(0))
-            logits, _ = net(batch.inputs)
-            loss, _, _ = loss_and_accuracy(logits, batch, task.kind)
-            loss.backward()
-        answer["oom"] = False
-    except (MemoryError, RuntimeError) as err:
-        if not isinstance(err, MemoryError) and "allocate" not in str(err):
-            raise
-        answer["oom"] = True
-    answer["peak_mb"] = round(_peak_mb(), 1)
-    print(json.dumps(answer))
+        task = get_task(request["task"])(**request["task_options"])
+        torch.manual_seed(0)
+        net = build_model(request["model"], task, **request["model_options"])
+        if request.get("weights"):
+            net.load_state_dict(torch.load(request["weights"], weights_only=True))
+    except Exception as err:  # a bad option or a missing file: reported, and raised by run_capped
+        meter.fail(err)
+        return
+    meter.set_baseline()
+
+    def train_step() -> None:  # forward + backward at this length
+        batch = task.sample(request["batch_size"], torch.Generator().manual_seed(0))
+        logits, _ = net(batch.inputs)
+        loss, _, _ = loss_and_accuracy(logits, batch, task.kind)
+        loss.backward()
+
+    if request["mode"] == "eval":
+        meter.run("eval", lambda: {"accuracy": evaluate(net, task, request["batch_size"],
+                                                        request["num_examples"])["accuracy"]})
+    else:
+        meter.run("train", train_step)
 
 
 def run_capped(request: dict, timeout: float | None = None) -> dict:
-    """Run ``_worker`` in a fresh interpreter (one thread) and return its answer."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    code = "from chronomem.experiments.relevance import _worker; _worker()"
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(request), capture_output=True,
-                          text=True, env=env, timeout=timeout)
-    if proc.returncode < 0:  # killed by a signal (the kernel's OOM killer): the run did not fit
-        return {"oom": True, "peak_mb": None, "signal": -proc.returncode}
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory-capped worker failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Run ``capped_job`` in a fresh process (one thread) under ``request["cap_mb"]``; returns the
+    worker's record: ``status`` ``"ok"`` or ``"OOM"``, ``baseline_rss_mb``, ``peak_rss_mb``,
+    ``delta_rss_mb`` (when measured) and ``accuracy`` for an evaluation. Any other failure raises."""
+    phase = request["mode"]
+    record = measure("chronomem.experiments.relevance:capped_job", request, [phase], timeout=timeout,
+                     memory_cap_mb=request["cap_mb"], threads=1)[phase]
+    if record["status"] not in (OK, OOM):
+        raise RuntimeError(f"memory-capped {phase} of {request['model']} failed ({record['status']}): "
+                           f"{record.get('error')}")
+    return record
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,12 +172,12 @@ def _run_transfer(s: dict, out: Path, seed: int, models: tuple[str, ...] | None 
     configs = {m: model_options(m, s["hidden"], nu=10, rho=15)
                for m in select_models(s["models"], models, "transfer-copy")}
     train_task = CopyTask(seq_len=s["train_T"])
-    results, peaks, info = {}, {}, {}
+    results, peaks, deltas, info = {}, {}, {}, {}
     for model, options in configs.items():
         net, info[model] = _train(model, train_task, options, s, seed, eval_examples=16, out=None)
         weights = out / f"{model}.weights.pt"
         torch.save(net.state_dict(), weights)
-        results[model], peaks[model] = {}, {}
+        results[model], peaks[model], deltas[model] = {}, {}, {}
         oom = False
         for T, n in sorted(s["eval"].items()):
             key = f"T={T}"
@@ -199,22 +189,24 @@ def _run_transfer(s: dict, out: Path, seed: int, models: tuple[str, ...] | None 
                                  "model": model, "model_options": options, "weights": str(weights),
                                  "cap_mb": s["cap_mb"], "batch_size": min(s["eval_batch"], n),
                                  "num_examples": n})
-            if answer["oom"]:
+            if answer["status"] == OOM:
                 oom = True
                 results[model][key] = "OOM"
                 info[model]["oom_at"] = T
                 continue
             results[model][key] = round(answer["accuracy"], 2)
-            peaks[model][key] = answer["peak_mb"]
+            peaks[model][key] = answer["peak_rss_mb"]
+            deltas[model][key] = answer["delta_rss_mb"]
             info[model].setdefault("eval_seconds", {})[key] = round(time.perf_counter() - start, 1)
-            info[model]["baseline_mb"] = answer["baseline_mb"]
+            info[model]["baseline_mb"] = answer["baseline_rss_mb"]
         weights.unlink(missing_ok=True)
     config = {"scale": {k: (v if k != "eval" else {str(t): n for t, n in v.items()}) for k, v in s.items()},
               "models": configs, "nu": 10, "rho": 15, **OPTIM}
-    extra = {"peak_memory_mb": peaks, "runs": info,
-             "memory_note": "peak resident memory (MB) of the evaluation subprocess, including the "
-                            "interpreter and torch (see runs[model].baseline_mb); OOM = could not allocate "
-                            "under cap_mb"}
+    extra = {"peak_memory_mb": peaks, "delta_memory_mb": deltas, "runs": info,
+             "memory_note": "peak resident memory (MB) of the evaluation process, including the "
+                            "interpreter and torch (runs[model].baseline_mb), and the peak above that "
+                            "baseline (delta); OOM = the peak above the baseline passed cap_mb or could "
+                            "not be allocated"}
     return {"results": results, "config": config, "extra": extra}
 
 
@@ -226,8 +218,9 @@ TRANSFER = register_experiment(
         paper=PAPER_TRANSFER,
         metric="accuracy on the 10 copied symbols (%)",
         paper_source="paper 004 Table 1",
-        notes="Evaluations run in memory-capped subprocesses (RLIMIT_DATA = config cap_mb); OOM means the "
-              "evaluation could not allocate under the cap. extra.peak_memory_mb shows the growth with T. "
+        notes="Evaluations run in fresh processes measured as `chronomem bench` measures (docs/benchmarks.md); "
+              "OOM means the evaluation's peak memory above its baseline passed config cap_mb. "
+              "extra.delta_memory_mb shows the growth with T. "
               "Quick scale trains each model for at most 13 minutes on CPU (the paper trains far longer).",
         tour=lambda out, seed: _run_transfer(TRANSFER_SCALES["tour"], out, seed),
     )
@@ -245,27 +238,29 @@ def _run_denoise(scale: str, out: Path, seed: int, models: tuple[str, ...] | Non
     s = DENOISE_SCALES[scale]
     configs = {m: model_options(m, s["hidden"], nu=15, rho=15)
                for m in select_models(s["models"], models, "denoise")}
-    results, peaks, info = {}, {}, {}
+    results, peaks, deltas, info = {}, {}, {}, {}
     for model, options in configs.items():
-        results[model], peaks[model], info[model] = {}, {}, {}
+        results[model], peaks[model], deltas[model], info[model] = {}, {}, {}, {}
         oom = False
         for T in s["T"]:
             key = f"T={T}"
             probe = None if oom else run_capped(
                 {"mode": "train", "task": "denoise", "task_options": {"seq_len": T}, "model": model,
                  "model_options": options, "weights": None, "cap_mb": s["cap_mb"], "batch_size": s["batch"]})
-            if oom or probe["oom"]:
+            if oom or probe["status"] == OOM:
                 oom = True
                 results[model][key] = "OOM"
                 continue
-            peaks[model][key] = probe["peak_mb"]
+            peaks[model][key] = probe["peak_rss_mb"]
+            deltas[model][key] = probe["delta_rss_mb"]
             _, row = _train(model, DenoiseTask(seq_len=T), options, s, seed, s["eval_examples"], out=None)
             results[model][key] = round(row.pop("train_T_accuracy"), 2)
             info[model][key] = row
     config = {"scale": dict(s), "models": configs, "nu": 15, "rho": 15, **OPTIM}
-    extra = {"peak_memory_mb": peaks, "runs": info,
+    extra = {"peak_memory_mb": peaks, "delta_memory_mb": deltas, "runs": info,
              "memory_note": "peak resident memory (MB) of one training step (forward + backward) at each T "
-                            "in a subprocess; OOM = could not allocate under cap_mb"}
+                            "in a fresh process, and the peak above its baseline (delta); OOM = the peak "
+                            "above the baseline passed cap_mb or could not be allocated"}
     return {"results": results, "config": config, "extra": extra}
 
 
@@ -279,6 +274,7 @@ DENOISE = register_experiment(
         metric="accuracy on the 10 output symbols (%)",
         paper_source="paper 004 Table 2",
         notes="Quick scale runs T = 100 and 200 only, at most ~7 minutes of training per model and T. "
-              "One training step per T is probed in a memory-capped subprocess first (config cap_mb).",
+              "One training step per T is probed first in a fresh process measured as `chronomem bench` "
+              "measures (OOM: peak above the baseline past config cap_mb).",
     )
 )

@@ -1,0 +1,5 @@
+import sys
+
+from chronomem.bench.command import main
+
+sys.exit(main())
