@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 bench: $(STAMP)
-	$(BIN)/chronomem bench --out runs/bench
+	$(BIN)/chronomem bench --out runs/bench/$$(date +%Y%m%d-%H%M%S)  # a new directory per run: bench never overwrites one
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
