@@ -137,6 +137,18 @@ def test_resume_from_a_checkpoint_directory_named_by_the_corruption_error(tmp_pa
     assert steps == [["6", "train"], ["6", "test"]]  # the rows logged after step 2 by the first run are gone
 
 
+def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "3", "--out", str(run)]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    shutil.rmtree(run / "checkpoints")  # as if killed before it wrote one; config.json and metrics.csv remain
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["steps"] == 3 and again["loss"] == pytest.approx(first["loss"], abs=1e-6)  # same seed, same run
+    steps = [line.split(",")[:2] for line in (run / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == [["3", "train"], ["3", "test"]]
+
+
 def test_train_with_a_budget_annealed_schedule(tmp_path, capsys):
     run = tmp_path / "run"
     argv = ["train", "--model", "lstm", "--task", "copy", "--task-opt", "seq_len=5", "--dim", "16", "--steps", "3",

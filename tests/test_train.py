@@ -219,6 +219,35 @@ def test_kill_during_a_checkpoint_write_then_resume(tmp_path, monkeypatch, call,
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000009", "step_00000012"]
 
 
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_kill_while_rewriting_a_checkpoint_of_the_same_step(tmp_path, monkeypatch, nth):
+    """Writing step N again (e.g. a final checkpoint at a step already saved): a kill at any rename
+    leaves a complete checkpoint to resume from, never a ``latest`` naming a missing one."""
+    from chronomem.train import checkpoint
+
+    task = CopyTask(seq_len=4, copy_len=2)
+    kw = dict(schedule="constant", checkpoint_every=3)  # the lr does not depend on the planned step count
+    full = train(make_model(), task, config(tmp_path / "full", steps=9, **kw))
+    run = tmp_path / "run"
+    first = train(make_model(), task, config(run, steps=6, **kw))
+    state = load_checkpoint(run, make_model())
+    calls, real_replace = [], checkpoint.os.replace
+
+    def replace_or_die(*args):
+        calls.append(args)
+        if len(calls) == nth:
+            raise Killed
+        return real_replace(*args)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace_or_die)
+    with pytest.raises(Killed):
+        checkpoint.save_checkpoint(run, 6, first.model, state)
+    monkeypatch.undo()
+    assert load_checkpoint(run, make_model())["step"] in (3, 6)
+    resumed = train(make_model(seed=2), task, config(run, steps=9, **kw), resume=run)
+    torch.testing.assert_close(flat_weights(resumed.model), flat_weights(full.model), atol=1e-6, rtol=0)
+
+
 KILL_MID_WRITE = """
 import os, signal, sys
 import torch
