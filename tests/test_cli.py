@@ -1,13 +1,19 @@
 """The `chronomem` command: list, train (+ resume), run, and its errors."""
 
+import hashlib
+import io
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from chronomem.cli import main
 from chronomem.registry import names
+from chronomem.train import progress
 
 
 def test_list_prints_every_registry(capsys):
@@ -51,6 +57,98 @@ def test_train_then_resume(tmp_path, capsys):
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000006"
 
 
+TINY = ["--model", "lstm", "--task", "copy", "--task-opt", "seq_len=5", "--dim", "16", "--batch-size", "4",
+        "--no-progress"]
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (relative path) -> the hash of its bytes."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_resume_writes_only_into_the_resumed_directory(tmp_path, monkeypatch, capsys):
+    (tmp_path / "first").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "first")  # the run's saved `out` is relative to where it started
+    assert main(["train", *TINY, "--steps", "4", "--checkpoint-every", "2", "--out", "runs/B"]) == 0
+    original = tmp_path / "first" / "runs" / "B"
+    copy = tmp_path / "C"
+    shutil.copytree(original, copy)
+    before = tree_digest(original)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["train", "--resume", str(copy), "--steps", "8", "--no-progress"]) == 0
+    assert tree_digest(original) == before  # the run copied from is untouched, byte for byte
+    assert not any((tmp_path / "elsewhere").iterdir())  # nothing written where the command ran
+    assert sorted(p.name for p in (copy / "checkpoints").iterdir()) == ["latest", "step_00000006", "step_00000008"]
+    assert json.loads((copy / "config.json").read_text())["train"]["out"] == str(copy)
+    assert main(["train", "--resume", "C", "--steps", "10", "--no-progress"]) == 2  # a relative path: from here
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", "C", "--steps", "10", "--no-progress"]) == 0
+    assert (copy / "checkpoints" / "step_00000010").is_dir() and tree_digest(original) == before
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--lr", "0.01"], "--lr 0.01 differs from the resumed run's saved value 0.001"),
+        (["--batch-size", "8"], "--batch-size 8 differs from the resumed run's saved value 4"),
+        (["--model", "transformer"], "--model transformer differs from the resumed run's saved value lstm"),
+        (["--dim", "32"], "--dim 32 differs from the resumed run's saved value 16"),
+        (["--task-opt", "seq_len=7"], "--task-opt seq_len 7 differs from the resumed run's saved value 5"),
+        (["--seed", "3"], "--seed 3 differs from the resumed run's saved value 0"),
+        (["--schedule", "cosine"], "--schedule cosine differs from the resumed run's saved value constant"),
+        (["--out", "elsewhere"], "a resumed run writes only into its own directory"),
+    ],
+)
+def test_resume_rejects_a_flag_that_would_change_the_run(flags, named, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "2", "--out", str(run)]) == 0
+    before = tree_digest(run)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--steps", "4", *flags]) == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") == 1
+    assert tree_digest(run) == before
+    # the same values as saved are accepted, and the flags that may change apply
+    argv = ["train", "--resume", str(run), "--steps", "4", "--lr", "0.001", "--task-opt", "seq_len=5",
+            "--checkpoint-every", "3", "--time-budget", "600", "--no-progress"]
+    assert main(argv) == 0
+    saved = json.loads((run / "config.json").read_text())["train"]
+    assert (saved["steps"], saved["checkpoint_every"], saved["time_budget"]) == (4, 3, 600.0)
+    assert (run / "checkpoints" / "step_00000003").is_dir()
+
+
+def test_resume_from_a_checkpoint_directory_named_by_the_corruption_error(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "4", "--checkpoint-every", "2", "--out", str(run)]) == 0
+    trainer = run / "checkpoints" / "step_00000004" / "trainer.pt"
+    trainer.write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--steps", "6", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    intact = run / "checkpoints" / "step_00000002"
+    assert f"--resume {intact}" in err and "weights_only" not in err and err.count("\n") == 1
+    assert main(["train", "--resume", str(intact), "--steps", "6", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 6
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["latest", "step_00000004", "step_00000004.discarded", "step_00000006"]  # set aside, not lost
+    steps = [line.split(",")[:2] for line in (run / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == [["6", "train"], ["6", "test"]]  # the rows logged after step 2 by the first run are gone
+
+
+def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "3", "--out", str(run)]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    shutil.rmtree(run / "checkpoints")  # as if killed before it wrote one; config.json and metrics.csv remain
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["steps"] == 3 and again["loss"] == pytest.approx(first["loss"], abs=1e-6)  # same seed, same run
+    steps = [line.split(",")[:2] for line in (run / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == [["3", "train"], ["3", "test"]]
+
+
 def test_train_with_a_budget_annealed_schedule(tmp_path, capsys):
     run = tmp_path / "run"
     argv = ["train", "--model", "lstm", "--task", "copy", "--task-opt", "seq_len=5", "--dim", "16", "--steps", "3",
@@ -66,6 +164,71 @@ def test_missing_resume_directory_is_a_clear_error(tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
 
 
+def bad_out_paths(tmp_path: Path) -> dict[str, str]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    paths = {"a file": str(a_file), "under a file": str(a_file / "run")}
+    if Path("/proc/self").is_dir():  # unwritable even for root
+        paths["unwritable"] = "/proc/chronomem-test/run"
+    return paths
+
+
+def assert_one_line_error(code, capsys, command, *needles):
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"chronomem {command}: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.parametrize("case", ["a file", "under a file", "unwritable"])
+@pytest.mark.parametrize("command", ["train", "run", "bench"])
+def test_bad_out_is_a_one_line_error(command, case, tmp_path, capsys):
+    paths = bad_out_paths(tmp_path)
+    if case not in paths:
+        pytest.skip("no /proc here")
+    argv = {"train": ["train", *TINY, "--steps", "1"], "run": ["run", "copy-baselines", "--scale", "smoke"],
+            "bench": ["bench", "--quick", "--models", "lstm"]}[command]
+    assert_one_line_error(main([*argv, "--out", paths[case]]), capsys, command, "--out")
+
+
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        (["--device", "banana"], ["--device 'banana' is not a device"]),
+        (["--device", "cuda"], ["--device cuda: CUDA is not available"]),
+        (["--time-budget", "-1"], ["--time-budget must be a positive number"]),
+        (["--time-budget", "0"], ["--time-budget must be a positive number"]),
+        (["--task-opt", "length=5"], ["--task-opt length", "valid keys: seq_len, n_symbols, copy_len"]),
+    ],
+)
+def test_bad_train_flags_are_one_line_errors(flags, needles, tmp_path, capsys):
+    if "cuda" in flags and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    out = tmp_path / "run"
+    assert_one_line_error(main(["train", *TINY, "--steps", "1", "--out", str(out), *flags]), capsys, "train", *needles)
+    assert not out.exists()
+
+
+def test_bad_device_on_resume_is_a_one_line_error(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    code = main(["train", "--resume", str(run), "--steps", "2", "--device", "banana"])
+    assert_one_line_error(code, capsys, "train", "--device")
+
+
+def test_train_refuses_an_out_that_holds_a_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "1", "--out", str(run)]) == 0
+    capsys.readouterr()
+    before = tree_digest(run)
+    assert_one_line_error(main(["train", *TINY, "--steps", "1", "--out", str(run)]), capsys, "train",
+                          f"--resume {run}")
+    assert tree_digest(run) == before
+
+
 def test_run_writes_results_report_and_plot(tmp_path):
     out = tmp_path / "copy"
     assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(out)]) == 0
@@ -79,9 +242,52 @@ def test_run_writes_results_report_and_plot(tmp_path):
     assert (out / "results.png").stat().st_size > 0
 
 
-def test_console_script_runs():
-    proc = subprocess.run([sys.executable, "-m", "chronomem.cli", "list"], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("module", ["chronomem", "chronomem.cli"])
+def test_python_dash_m_runs_the_command(module):
+    proc = subprocess.run([sys.executable, "-m", module, "list"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "models:" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", module, "train", "--model", "lstm", "--task", "copy", "--device",
+                           "banana"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("chronomem train: error: --device")
+
+
+def test_run_shows_progress_lines_and_a_summary_per_model_when_not_a_terminal(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)  # a line at every step (10 s in real use)
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(tmp_path / "a")]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    for model in ("lstm", "transformer", "transformer-xl"):
+        label = f"copy-baselines: {model} on copy, seed 0: "
+        steps = [line for line in lines if line.startswith(label + "step ")]
+        assert [line.split()[len(label.split())] for line in steps] == ["step"] * 3
+        assert [line[len(label):].split(",")[0] for line in steps] == ["step 1/3 (33%)", "step 2/3 (67%)",
+                                                                      "step 3/3 (100%)"]
+        assert "ETA" in steps[-1] and "loss" in steps[-1]  # step 3 is the last, so it logs loss and accuracy
+        summary = [line for line in lines if line.startswith(label + "done, 3 steps in ")]
+        assert len(summary) == 1 and "test accuracy" in summary[0]
+    assert "\r" not in captured.err and "copy-baselines: " not in captured.out  # plain lines, on stderr only
+
+
+def test_run_quiet_shows_no_progress(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--models", "lstm", "--quiet",
+                 "--out", str(tmp_path / "a")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "| lstm |" in captured.out
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_run_shows_a_bar_on_a_terminal(tmp_path, monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--models", "lstm", "--out", str(tmp_path / "a")]) == 0
+    shown = terminal.getvalue()
+    assert "copy-baselines: lstm on copy, seed 0: " in shown and "3/3" in shown and "\r" in shown  # tqdm's bar
+    assert shown.rstrip().splitlines()[-1].startswith("copy-baselines: lstm on copy, seed 0: done, 3 steps")
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,214 @@ def test_corrupt_checkpoint_fails_clearly_and_previous_survives(tmp_path):
         load_checkpoint(ckpts[0], make_model())
 
 
+def test_corrupt_trainer_state_error_gives_no_unsafe_advice(tmp_path):
+    train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path, steps=4, checkpoint_every=2))
+    (tmp_path / "checkpoints" / "step_00000004" / "trainer.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path, make_model())
+    message = str(err.value)
+    assert "truncated or corrupt" in message
+    assert f"--resume {tmp_path / 'checkpoints' / 'step_00000002'}" in message
+    assert "weights_only" not in message and "\n" not in message  # torch's advice to unpickle is not repeated
+
+
+def test_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path):
+    task = CopyTask(seq_len=4, copy_len=2)
+    full = train(make_model(), task, config(tmp_path / "full", steps=9, checkpoint_every=3))
+    run = tmp_path / "run"
+    train(make_model(), task, config(run, steps=9, checkpoint_every=3))
+    weights = run / "checkpoints" / "step_00000009" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    resumed = train(make_model(seed=5), task, config(run, steps=9, checkpoint_every=3),
+                    resume=run / "checkpoints" / "step_00000006")
+    torch.testing.assert_close(flat_weights(resumed.model), flat_weights(full.model), atol=1e-6, rtol=0)
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["latest", "step_00000006", "step_00000009", "step_00000009.discarded"]
+    assert load_checkpoint(run, make_model())["step"] == 9  # the new step 9, not the corrupt one
+
+
+class Killed(BaseException):
+    """A kill of the process: no ``except Exception`` catches it."""
+
+
+def _metrics_rows(run_dir):
+    lines = (run_dir / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    return [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
+
+
+def test_killed_and_resumed_run_logs_each_step_once_and_time_continues(tmp_path, monkeypatch):
+    task = CopyTask(seq_len=6, copy_len=3)
+    kw = dict(steps=12, log_every=2, eval_every=4, checkpoint_every=5)
+    monkeypatch.setattr(loop.time, "perf_counter", FakeClock(0.1))
+    train(make_model(), task, config(tmp_path / "full", **kw))
+    real_step = loop.torch.optim.AdamW.step
+
+    def step_then_die_at_9(self, *args, **kwargs):  # killed at step 9: steps 6-8 were logged after step 5's checkpoint
+        if self.state and next(iter(self.state.values()))["step"] == 8:
+            raise Killed
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop.torch.optim.AdamW, "step", step_then_die_at_9)
+    with pytest.raises(Killed):
+        train(make_model(), task, config(tmp_path / "split", **kw))
+    monkeypatch.setattr(loop.torch.optim.AdamW, "step", real_step)
+    before = _metrics_rows(tmp_path / "split")
+    assert [r["step"] for r in before][-2:] == ["8", "8"]  # the killed run had logged past its checkpoint
+    at_checkpoint = load_checkpoint(tmp_path / "split", make_model())["seconds"]
+    train(make_model(), task, config(tmp_path / "split", **kw), resume=tmp_path / "split")
+    rows, full_rows = _metrics_rows(tmp_path / "split"), _metrics_rows(tmp_path / "full")
+    keys = [(r["step"], r["split"]) for r in rows]
+    assert keys == [(r["step"], r["split"]) for r in full_rows] and len(set(keys)) == len(keys)
+    seconds = [float(r["seconds"]) for r in rows if r["split"] == "train"]
+    assert seconds == sorted(set(seconds)) and seconds[2] > at_checkpoint > seconds[1]  # step 6 counts on from 5
+
+
+# The calls of one checkpoint write, in order; a kill just before (or inside) each must leave a resumable run.
+KILL_POINTS = [
+    ("save_model", 1),  # mid-way through model.safetensors
+    ("torch.save", 1),  # mid-way through trainer.pt
+    ("fsync", 1),  # files written, not yet flushed
+    ("os.replace", 1),  # step_N.tmp complete, not yet renamed
+    ("os.replace", 2),  # step_N in place, ``latest`` not yet replaced
+    ("rmtree", 3),  # ``latest`` replaced, the oldest checkpoint not yet pruned (calls 1-2 clear temporaries)
+]
+
+
+@pytest.mark.parametrize("call, nth", KILL_POINTS)
+def test_kill_during_a_checkpoint_write_then_resume(tmp_path, monkeypatch, call, nth):
+    from chronomem.train import checkpoint
+
+    task = CopyTask(seq_len=4, copy_len=2)
+    kw = dict(steps=12, checkpoint_every=3)
+    full = train(make_model(), task, config(tmp_path / "full", **kw))
+    run = tmp_path / "run"
+    calls = {"n": 0, "armed": False}
+    real_save = loop.save_checkpoint
+
+    def arm_at_step_9(run_dir, step, *args):  # checkpoints 3 and 6 are complete, so 9 would prune 3
+        calls["armed"] = step == 9
+        return real_save(run_dir, step, *args)
+
+    def killer(real, partial_write=False):
+        def wrapped(*args, **kwargs):
+            if calls["armed"]:
+                calls["n"] += 1
+                if calls["n"] == nth:
+                    if partial_write:  # the file exists, half-written, as a kill in the middle leaves it
+                        real(*args, **kwargs)
+                        path = Path(args[1])
+                        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+                    raise Killed
+            return real(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(loop, "save_checkpoint", arm_at_step_9)
+    target = {"save_model": (checkpoint, "save_model"), "torch.save": (checkpoint.torch, "save"),
+              "fsync": (checkpoint.os, "fsync"), "os.replace": (checkpoint.os, "replace"),
+              "rmtree": (checkpoint.shutil, "rmtree")}[call]
+    real = getattr(*target)
+    monkeypatch.setattr(*target, killer(real, partial_write=call in ("save_model", "torch.save")))
+    with pytest.raises(Killed):
+        train(make_model(), task, config(run, **kw))
+    assert calls["n"] == nth
+    monkeypatch.undo()
+    assert load_checkpoint(run, make_model())["step"] in (6, 9)  # the previous checkpoint, or the complete new one
+    resumed = train(make_model(seed=7), task, config(run, **kw), resume=run)
+    assert resumed.steps == 12
+    torch.testing.assert_close(flat_weights(resumed.model), flat_weights(full.model), atol=1e-6, rtol=0)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step_00000009", "step_00000012"]
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_kill_while_rewriting_a_checkpoint_of_the_same_step(tmp_path, monkeypatch, nth):
+    """Writing step N again (e.g. a final checkpoint at a step already saved): a kill at any rename
+    leaves a complete checkpoint to resume from, never a ``latest`` naming a missing one."""
+    from chronomem.train import checkpoint
+
+    task = CopyTask(seq_len=4, copy_len=2)
+    kw = dict(schedule="constant", checkpoint_every=3)  # the lr does not depend on the planned step count
+    full = train(make_model(), task, config(tmp_path / "full", steps=9, **kw))
+    run = tmp_path / "run"
+    first = train(make_model(), task, config(run, steps=6, **kw))
+    state = load_checkpoint(run, make_model())
+    calls, real_replace = [], checkpoint.os.replace
+
+    def replace_or_die(*args):
+        calls.append(args)
+        if len(calls) == nth:
+            raise Killed
+        return real_replace(*args)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace_or_die)
+    with pytest.raises(Killed):
+        checkpoint.save_checkpoint(run, 6, first.model, state)
+    monkeypatch.undo()
+    assert load_checkpoint(run, make_model())["step"] in (3, 6)
+    resumed = train(make_model(seed=2), task, config(run, steps=9, **kw), resume=run)
+    torch.testing.assert_close(flat_weights(resumed.model), flat_weights(full.model), atol=1e-6, rtol=0)
+
+
+KILL_MID_WRITE = """
+import os, signal, sys
+import torch
+from chronomem.train import checkpoint
+sys.path.insert(0, sys.argv[2])
+from test_train import CopyTask, config, make_model, train
+
+real_save = torch.save
+
+def save_half_then_sigkill(obj, path):  # the second checkpoint's trainer.pt, half on disk, then SIGKILL
+    real_save(obj, path)
+    if obj["step"] == 6:
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[: len(data) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+checkpoint.torch.save = save_half_then_sigkill
+train(make_model(), CopyTask(seq_len=4, copy_len=2), config(sys.argv[1], steps=12, checkpoint_every=3))
+"""
+
+
+def test_sigkill_in_the_middle_of_a_checkpoint_write_then_resume(tmp_path):
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", KILL_MID_WRITE, str(run), str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert (run / "checkpoints" / "step_00000006.tmp").is_dir()  # killed mid-write
+    task = CopyTask(seq_len=4, copy_len=2)
+    assert load_checkpoint(run, make_model())["step"] == 3
+    full = train(make_model(), task, config(tmp_path / "full", steps=12, checkpoint_every=3))
+    resumed = train(make_model(seed=3), task, config(run, steps=12, checkpoint_every=3), resume=run)
+    torch.testing.assert_close(flat_weights(resumed.model), flat_weights(full.model), atol=1e-6, rtol=0)
+
+
+def test_checkpoint_files_are_flushed_before_the_rename(tmp_path, monkeypatch):
+    from chronomem.train import checkpoint
+
+    events = []
+    real_fsync, real_replace = checkpoint.os.fsync, checkpoint.os.replace
+    opened = {}
+    real_open = checkpoint.os.open
+
+    def record_open(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        opened[fd] = Path(path).name
+        return fd
+
+    monkeypatch.setattr(checkpoint.os, "open", record_open)
+    monkeypatch.setattr(checkpoint.os, "fsync", lambda fd: events.append(("fsync", opened.get(fd))) or real_fsync(fd))
+    monkeypatch.setattr(checkpoint.os, "replace",
+                        lambda a, b: events.append(("replace", Path(b).name)) or real_replace(a, b))
+    checkpoint.save_checkpoint(tmp_path, 1, make_model(), {"step": 1})
+    rename = events.index(("replace", "step_00000001"))
+    assert {("fsync", "model.safetensors"), ("fsync", "trainer.pt"), ("fsync", "step_00000001.tmp")} <= set(
+        events[:rename])
+    assert events.index(("replace", "latest")) > rename
+
+
 def test_checkpoint_of_another_model_is_rejected(tmp_path):
     train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path, steps=2))
     other = Tagger(TinyRNN(8), 8, 10, vocab_size=10)
@@ -117,7 +325,8 @@ def test_interrupted_write_leaves_latest_usable(tmp_path):
     "kw, flag",
     [({"steps": -1}, "--steps"), ({"batch_size": 0}, "--batch-size"), ({"lr": 0.0}, "--lr"),
      ({"optimizer": "sgd"}, "--optimizer"), ({"schedule": "step"}, "--schedule"), ({"clip": -1.0}, "--clip"),
-     ({"anneal_by": "epochs"}, "--anneal-by"), ({"anneal_by": "budget"}, "--anneal-by budget needs a time budget")],
+     ({"anneal_by": "epochs"}, "--anneal-by"), ({"anneal_by": "budget"}, "--anneal-by budget needs a time budget"),
+     ({"time_budget": -1.0}, "--time-budget"), ({"time_budget": float("nan")}, "--time-budget")],
 )
 def test_bad_hyperparameters_name_the_flag(kw, flag):
     with pytest.raises(ValueError, match=flag):

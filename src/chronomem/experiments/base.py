@@ -72,8 +72,14 @@ def select_models(available, models=None, experiment: str = "this experiment") -
     return tuple(m for m in available if m in models)
 
 
-def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0, models=None) -> dict:
-    """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs."""
+def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0, models=None,
+                   progress: bool = True) -> dict:
+    """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs.
+
+    ``progress``: every training run (each model and seed) shows its progress on stderr and ends with a
+    summary line (``chronomem.train.progress``), whatever its own ``TrainConfig.progress``."""
+    from chronomem.train.progress import reporting
+
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
     out = Path(out)
@@ -81,7 +87,8 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models))
+        with reporting(progress, label=experiment.name):
+            produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models))
     except Exception:
         if created and not any(out.iterdir()):  # e.g. an unknown --models name: leave no empty directory
             out.rmdir()

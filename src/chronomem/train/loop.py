@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-from chronomem.train import distributed
-from chronomem.train.checkpoint import load_checkpoint, save_checkpoint, save_config
+from chronomem.train import distributed, progress
+from chronomem.train.checkpoint import find_checkpoint, load_checkpoint, rewind, save_checkpoint, save_config
 from chronomem.train.metrics import MetricsLogger, loss_and_accuracy
 
 OPTIMIZERS = ("adamw", "rmsprop")
@@ -75,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"--anneal-by must be one of {ANNEAL_BY}, got {self.anneal_by!r}")
         if self.anneal_by == "budget" and self.time_budget is None:
             raise ValueError("--anneal-by budget needs a time budget (time_budget seconds), got None")
+        if self.time_budget is not None and not (self.time_budget > 0 and math.isfinite(self.time_budget)):
+            raise ValueError(f"--time-budget must be a positive number of seconds, got {self.time_budget}")
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"--clip must be > 0 (or None to disable), got {self.clip}")
 
@@ -84,7 +85,7 @@ class TrainResult:
     model: nn.Module
     metrics: dict[str, float]  # final evaluation on the test split
     steps: int
-    seconds: float
+    seconds: float  # training seconds, those before a resume included
     history: list[dict[str, Any]] = field(default_factory=list)
     stopped_early: bool = False
 
@@ -159,7 +160,11 @@ def train(
     """Train ``model`` on ``task``. ``spec`` (JSON-able model/task description) goes into config.json.
 
     With ``cfg.out`` set, checkpoints go to ``cfg.out/checkpoints`` (atomically); ``resume`` (a run
-    directory or a checkpoint directory) restores weights, optimizer, scheduler, RNG and step.
+    directory or a checkpoint directory) restores weights, optimizer, scheduler, RNG and step. The run
+    then continues in ``cfg.out`` as if never interrupted: checkpoints after the resumed step are set
+    aside (``checkpoint.rewind``) and metrics.csv drops the rows logged after it, so no step is
+    logged twice and its ``seconds`` column continues from the checkpoint's training time. Without
+    ``resume``, metrics.csv in ``cfg.out`` is started anew.
     """
     device = distributed.default_device(cfg.device)
     ctx = distributed.setup(device)
@@ -174,29 +179,41 @@ def train(
     scheduler = make_scheduler(optimizer, cfg, lambda: trained / cfg.time_budget)
     run_dir = Path(cfg.out) if cfg.out else None
     start_step = 0
+    saved_step = None  # the step of run_dir's newest checkpoint of this run, if any
     if resume is not None:
-        state = load_checkpoint(Path(resume), model, map_location=device)
+        checkpoint = find_checkpoint(Path(resume))
+        state = load_checkpoint(checkpoint, model, map_location=device)
+        start_step = int(state["step"])
+        if start_step > cfg.steps:
+            raise ValueError(f"--steps {cfg.steps} is below the step of the checkpoint resumed, {start_step} "
+                             f"({checkpoint}); --steps is the run's new total")
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
-        start_step = int(state["step"])
         seconds_before = trained = float(state.get("seconds", 0.0))  # absent in older checkpoints
+        if run_dir is not None and checkpoint.parent.resolve() == (run_dir / "checkpoints").resolve():
+            saved_step = start_step
+    logger = MetricsLogger(run_dir, enabled=ctx.is_main)
     if run_dir is not None and ctx.is_main:
+        if resume is not None:
+            rewind(run_dir, start_step)
+        logger.rewind(start_step)  # a new run (step 0) starts the file anew
         save_config(run_dir, {"spec": spec or {}, "train": dataclasses.asdict(cfg)})
     ddp_model = model
     if ctx.distributed:
         # find_unused_parameters: a memory read can skip parameters (e.g. HTM before its first chunk).
         ddp_model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
 
-    logger = MetricsLogger(run_dir, enabled=ctx.is_main)
     history: list[dict[str, Any]] = []
     eval_bs = cfg.eval_batch_size or cfg.batch_size
-    bar = tqdm(
-        total=cfg.steps, initial=start_step, disable=not (cfg.progress and ctx.is_main), desc=getattr(task, "name", "")
-    )
+    show, prefix = progress.wanted(cfg.progress)
+    model_name = (spec or {}).get("model", type(model).__name__)
+    label = f"{model_name} on {getattr(task, 'name', type(task).__name__)}, seed {cfg.seed}"
+    reporter = progress.Progress(cfg.steps, start_step, f"{prefix}: {label}" if prefix else label,
+                                 show and ctx.is_main, cfg.time_budget, seconds_before)
     t0 = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
-    run_loss = run_correct = run_count = run_auxiliary = 0.0
+    window_steps, run_loss, run_correct, run_count, run_auxiliary = 0, 0.0, 0.0, 0.0, 0.0
     stopped_early = False
     step = start_step
     model.train()
@@ -218,10 +235,11 @@ def train(
         run_loss, run_correct, run_count = run_loss + loss.item(), run_correct + int(correct), run_count + int(count)
         run_auxiliary += 0.0 if auxiliary is None else auxiliary.item()
         window_tokens += batch.num_tokens * ctx.world_size
-        bar.update(1)
+        window_steps += 1
+        logged = None
         if step % cfg.log_every == 0 or step == cfg.steps:
             stats = distributed.all_reduce_mean(torch.tensor(
-                [run_loss / cfg.log_every, 100.0 * run_correct / max(1.0, run_count), run_auxiliary / cfg.log_every],
+                [run_loss / window_steps, 100.0 * run_correct / max(1.0, run_count), run_auxiliary / window_steps],
                 device=device,  # NCCL reduces only tensors on the GPU
             ), ctx).cpu()
             elapsed = time.perf_counter() - window_start
@@ -229,33 +247,35 @@ def train(
                 "step": step, "split": "train", "loss": round(float(stats[0]), 5),
                 "accuracy": round(float(stats[1]), 3), "lr": scheduler.get_last_lr()[0],
                 "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)),
-                "seconds": round(time.perf_counter() - t0, 2),
+                "seconds": round(trained, 2),  # training seconds since the run began, across resumes
             }
             if auxiliary is not None:  # the weighted auxiliary loss, logged apart from the task loss
                 row["auxiliary_loss"] = round(float(stats[2]), 5)
             history.append(row)
             logger.log(row)
-            bar.set_postfix(loss=row["loss"], acc=row["accuracy"], tok_s=row["tokens_per_second"])
-            run_loss = run_correct = run_count = run_auxiliary = 0.0
+            logged = row
+            window_steps, run_loss, run_correct, run_count, run_auxiliary = 0, 0.0, 0.0, 0.0, 0.0
             window_tokens, window_start = 0, time.perf_counter()
+        reporter.update(step, *((logged["loss"], logged["accuracy"]) if logged else ()))
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and ctx.is_main:
             row = {"step": step, "split": "val", **evaluate(model, task, eval_bs, cfg.eval_examples, "val")}
             history.append(row)
             logger.log(row)
         if run_dir is not None and ctx.is_main and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained))
+            saved_step = step
         if cfg.time_budget is not None and trained > cfg.time_budget and step < cfg.steps:
             stopped_early = True
             break
-    bar.close()
-    seconds = time.perf_counter() - t0
-    if run_dir is not None and ctx.is_main:
+    seconds = seconds_before + time.perf_counter() - t0
+    if run_dir is not None and ctx.is_main and saved_step != step:
         save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained))
     metrics = evaluate(model, task, eval_bs, cfg.eval_examples, "test") if ctx.is_main else {}
     if ctx.is_main:
         row = {"step": step, "split": "test", **metrics, "seconds": round(seconds, 2)}
         history.append(row)
         logger.log(row)
+    reporter.close(step, seconds, metrics, stopped_early)
     logger.close()
     distributed.cleanup(ctx)
     return TrainResult(model, metrics, step, seconds, history, stopped_early)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import torch
@@ -55,6 +56,28 @@ class MetricsLogger:
             self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
         except Exception:
             self.tb = None
+
+    def rewind(self, step: int) -> None:
+        """Continue the log of a run resumed at ``step``: drop the rows written after that checkpoint by the
+        interrupted run (they are logged again) and its final test row at ``step``, so the file reads as
+        one uninterrupted run: no step logged twice. The file is replaced atomically."""
+        if self.path is None or not self.path.exists():
+            return
+        with open(self.path, newline="") as f:
+            rows = list(csv.reader(f))
+        if not rows:
+            return
+        header, body = rows[0], rows[1:]
+        at, split = header.index("step"), header.index("split")
+        kept = [r for r in body if int(r[at]) < step or (int(r[at]) == step and r[split] != "test")]
+        if len(kept) == len(body):
+            return
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w", newline="") as f:
+            csv.writer(f).writerows([header, *kept])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
 
     def log(self, row: dict) -> None:
         if self.path is None:
