@@ -1,4 +1,5 @@
-"""Tasks: data and environments, no model code. Every module in this package registers its tasks."""
+"""Tasks: data -> batches (supervised), no model code. Every module in this package registers its tasks;
+the worlds some of them draw on (Gymnasium environments) live in ``chronomem.envs``."""
 
 import importlib
 import pkgutil
