@@ -4,6 +4,10 @@ split and join along the batch, and a bad ``done`` is a clear error. float64 thr
 
 import pytest
 import torch
+
+from chronomem.baselines import LSTM
+from chronomem.layers import concat_states
+from chronomem.relevance import MemLSTM, MemRNN, RelevanceLSTM, RelevanceRNN
 from contract import (
     assert_same_state,
     check_any_split,
@@ -11,10 +15,6 @@ from contract import (
     check_select_concat,
     random_dones,
 )
-
-from chronomem.baselines import LSTM
-from chronomem.layers import concat_states
-from chronomem.relevance import MemLSTM, MemRNN, RelevanceLSTM, RelevanceRNN
 
 torch.set_num_threads(1)
 

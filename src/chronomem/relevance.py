@@ -349,7 +349,8 @@ class RelevanceRNN(_AttentiveRecurrence):
                 outputs.append(s_new.masked_fill(~m1, 0.0))
             if t in ends:  # the episode ended: the whole state (buffer, relevant set, scores) restarts
                 d = done[:, t]
-                s, mk, valid, score, position, steps = (clear_rows(v, d) for v in (s, mk, valid, score, position, steps))
+                s, mk, valid = clear_rows(s, d), clear_rows(mk, d), clear_rows(valid, d)
+                score, position, steps = clear_rows(score, d), clear_rows(position, d), clear_rows(steps, d)
                 c = None if c is None else clear_rows(c, d)
         memory, keys = mk.split(self.hidden_size, -1)
         out_state = RelevanceState(s, c, memory, keys, valid, score, position, steps)
