@@ -353,9 +353,9 @@ class LSTM(nn.Module):
 
     ``done [B, N]`` (True where a step is the last of its episode; ignored at padded steps): after such
     a step the row continues from the initial (zero) state, so no output and no gradient crosses an
-    episode boundary. Without a mask, each episode piece of a row becomes its own sequence and all
-    pieces run in one packed ``nn.LSTM`` call (the first piece of a row starts from the carried state,
-    the others from zeros); with a mask the call steps through time and resets rows after their dones.
+    episode boundary. Without a mask, the call is cut after each step where some episode ends (one
+    ``nn.LSTM`` call per stretch, the ended rows reset in between); with a mask it steps through time
+    and resets rows after their dones.
 
     Defaults: hidden 128 (paper 004's Copy/Denoise LSTM). Always causal.
     """
@@ -406,7 +406,7 @@ class LSTM(nn.Module):
         done = check_done(done, (batch, n))
         state = self._check_state(state, batch, x.device)
         h0, c0 = state.h.transpose(0, 1).contiguous(), state.c.transpose(0, 1).contiguous()  # [depth, B, H]
-        if mask is None and done is not None and bool(done[:, :-1].any()):
+        if mask is None and done is not None:
             y, (h, c) = self._episodes(x, h0, c0, done)
         elif mask is None:
             y, (h, c) = self.lstm(x, (h0, c0))
@@ -434,28 +434,19 @@ class LSTM(nn.Module):
             c = torch.where(empty[None, :, None], c0, c)
         return y, (h, c)
 
-    def _episodes(self, x: Tensor, h0: Tensor, c0: Tensor, done: Tensor):
-        """Episode boundaries inside the call: every piece of a row between dones is its own sequence
-        (a new piece starts after each done), all pieces run in one packed call and the outputs are
-        gathered back. Pieces share no state, so nothing crosses a boundary."""
-        batch, n = done.shape
-        starts = F.pad(done[:, :-1], (1, 0))  # [B, N]: a new piece begins here
-        piece_in_row = starts.long().cumsum(1)
-        pieces_per_row = piece_in_row[:, -1] + 1
-        first = pieces_per_row.cumsum(0) - pieces_per_row  # global index of each row's first piece
-        piece = first[:, None] + piece_in_row  # [B, N]
-        steps = torch.arange(n, device=x.device).expand(batch, n)
-        position = steps - torch.where(starts, steps, 0).cummax(1).values  # step within its piece
-        lengths = torch.bincount(piece.flatten(), minlength=int(pieces_per_row.sum())).cpu()
-        xs = x.new_zeros(lengths.shape[0], int(lengths.max()), x.shape[2]).index_put((piece, position), x)
-        # the first piece of a row continues the carried state; the others start from the initial state
-        h_init = h0.new_zeros(self.depth, lengths.shape[0], self.hidden).index_copy(1, first, h0)
-        c_init = c0.new_zeros(self.depth, lengths.shape[0], self.hidden).index_copy(1, first, c0)
-        packed = pack_padded_sequence(xs, lengths, batch_first=True, enforce_sorted=False)
-        out, (h, c) = self.lstm(packed, (h_init, c_init))
-        ys, _ = pad_packed_sequence(out, batch_first=True)
-        last = first + pieces_per_row - 1
-        return ys[piece, position], (h[:, last], c[:, last])
+    def _episodes(self, x: Tensor, h: Tensor, c: Tensor, done: Tensor):
+        """Episode boundaries inside the call: one ``nn.LSTM`` call per stretch between the steps where
+        some row's episode ends, the ended rows set back to the initial state in between (by
+        selection, so neither values nor gradients cross the boundary)."""
+        outputs, start = [], 0
+        for t in done[:, :-1].any(0).nonzero().flatten().tolist():
+            y, (h, c) = self.lstm(x[:, start : t + 1], (h, c))
+            outputs.append(y)
+            ended = done[None, :, t, None]
+            h, c = torch.where(ended, 0.0, h), torch.where(ended, 0.0, c)
+            start = t + 1
+        y, (h, c) = self.lstm(x[:, start:], (h, c))
+        return torch.cat([*outputs, y], dim=1), (h, c)
 
     def _stepped(self, x: Tensor, h: Tensor, c: Tensor, mask: Tensor, done: Tensor | None = None):
         """Any mask: one step at a time, keeping the previous state where the step is padding and

@@ -239,11 +239,15 @@ class _AttentiveRecurrence(nn.Module):
 
 
 class RelevanceRNN(_AttentiveRecurrence):
-    """ReLRNN (paper 004): ``outputs [B, T, H], state = module(x [B, T, I], state=None, mask=None)``.
+    """ReLRNN (paper 004): ``outputs [B, T, H], state = module(x [B, T, I], state=None, mask=None,
+    done=None)``.
 
     ``outputs`` are the macro-states s_t. ``buffer_size`` = nu >= 1, ``relevant_size`` = rho >= 0
     (rho = 0: buffer only). ``mask [B, T]`` (True = valid): a padded step leaves the state unchanged and
-    outputs zeros. Defaults: H=128, nu=10, rho=15 (the authors' Copy settings).
+    outputs zeros. ``done [B, T]`` (True where a step is the last of its episode; ignored at padded
+    steps): after it the row restarts from the initial state (buffer, relevant set and scores empty),
+    by selection, so nothing crosses the boundary. Defaults: H=128, nu=10, rho=15 (the authors' Copy
+    settings).
     """
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> RelevanceState:
@@ -376,6 +380,7 @@ class MemRNN(_AttentiveRecurrence):
 
     Same equations as ``RelevanceRNN`` with M_t = {h_1, ..., h_t}. O(T) stored states, O(T^2) compute
     (and O(T^2) saved activations when training). ``buffer_size``/``relevant_size`` are ignored.
+    ``mask`` and ``done`` as in ``RelevanceRNN``: after a done every stored slot of the row is emptied.
     """
 
     screened = False
