@@ -32,6 +32,7 @@ from chronomem.layers import (
     RelativeAttention,
     SelfAttentionBlock,
     build_config,
+    check_done,
     check_dropout,
     check_even_dim,
     check_heads,
@@ -345,10 +346,16 @@ class LSTMState(RecurrentState):
 class LSTM(nn.Module):
     """``torch.nn.LSTM`` (Hochreiter & Schmidhuber 1997) in the chronomem convention.
 
-    ``y [B, N, hidden], state = LSTM(...)(x [B, N, dim], state=None, mask=None)``. Padded steps
-    (``mask`` False) leave the state unchanged and output zeros: a right-padding mask (valid prefix)
-    runs through ``pack_padded_sequence`` (cuDNN / fused kernel); any other mask (left padding, holes)
-    steps through time and keeps the old state where the mask is False. Both are exact.
+    ``y [B, N, hidden], state = LSTM(...)(x [B, N, dim], state=None, mask=None, done=None)``. Padded
+    steps (``mask`` False) leave the state unchanged and output zeros: a right-padding mask (valid
+    prefix) runs through ``pack_padded_sequence`` (cuDNN / fused kernel); any other mask (left padding,
+    holes) steps through time and keeps the old state where the mask is False. Both are exact.
+
+    ``done [B, N]`` (True where a step is the last of its episode; ignored at padded steps): after such
+    a step the row continues from the initial (zero) state, so no output and no gradient crosses an
+    episode boundary. Without a mask, the call is cut after each step where some episode ends (one
+    ``nn.LSTM`` call per stretch, the ended rows reset in between); with a mask it steps through time
+    and resets rows after their dones.
 
     Defaults: hidden 128 (paper 004's Copy/Denoise LSTM). Always causal.
     """
@@ -391,22 +398,29 @@ class LSTM(nn.Module):
                              f"{tuple(state.h.shape)} and {tuple(state.c.shape)}")
         return state
 
-    def forward(self, x: Tensor, state: LSTMState | None = None, mask: Tensor | None = None):
+    def forward(self, x: Tensor, state: LSTMState | None = None, mask: Tensor | None = None,
+                done: Tensor | None = None):
         x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         batch, n = x.shape[:2]
         mask = check_mask(mask, "mask", (batch, n))
+        done = check_done(done, (batch, n))
         state = self._check_state(state, batch, x.device)
         h0, c0 = state.h.transpose(0, 1).contiguous(), state.c.transpose(0, 1).contiguous()  # [depth, B, H]
-        if mask is None:
+        if mask is None and done is not None:
+            y, (h, c) = self._episodes(x, h0, c0, done)
+        elif mask is None:
             y, (h, c) = self.lstm(x, (h0, c0))
         else:
             lengths = mask.sum(1)
             prefix = torch.arange(n, device=x.device)[None, :] < lengths[:, None]
-            if bool((prefix == mask).all()):
+            if done is None and bool((prefix == mask).all()):
                 y, (h, c) = self._packed(x, h0, c0, lengths)
             else:
-                y, (h, c) = self._stepped(x, h0, c0, mask)
-        return y, LSTMState(h.transpose(0, 1), c.transpose(0, 1))
+                y, (h, c) = self._stepped(x, h0, c0, mask, done)
+        state = LSTMState(h.transpose(0, 1), c.transpose(0, 1))
+        if done is not None and mask is None:  # an episode that ends at the call's last step
+            state = state.reset(done[:, -1])
+        return y, state
 
     def _packed(self, x: Tensor, h0: Tensor, c0: Tensor, lengths: Tensor):
         """Right padding: run each row for exactly its length. Empty rows keep their state."""
@@ -420,14 +434,32 @@ class LSTM(nn.Module):
             c = torch.where(empty[None, :, None], c0, c)
         return y, (h, c)
 
-    def _stepped(self, x: Tensor, h: Tensor, c: Tensor, mask: Tensor):
-        """Any mask: one step at a time, keeping the previous state where the step is padding."""
+    def _episodes(self, x: Tensor, h: Tensor, c: Tensor, done: Tensor):
+        """Episode boundaries inside the call: one ``nn.LSTM`` call per stretch between the steps where
+        some row's episode ends, the ended rows set back to the initial state in between (by
+        selection, so neither values nor gradients cross the boundary)."""
+        outputs, start = [], 0
+        for t in done[:, :-1].any(0).nonzero().flatten().tolist():
+            y, (h, c) = self.lstm(x[:, start : t + 1], (h, c))
+            outputs.append(y)
+            ended = done[None, :, t, None]
+            h, c = torch.where(ended, 0.0, h), torch.where(ended, 0.0, c)
+            start = t + 1
+        y, (h, c) = self.lstm(x[:, start:], (h, c))
+        return torch.cat([*outputs, y], dim=1), (h, c)
+
+    def _stepped(self, x: Tensor, h: Tensor, c: Tensor, mask: Tensor, done: Tensor | None = None):
+        """Any mask: one step at a time, keeping the previous state where the step is padding and
+        restoring the initial state after a (valid) done."""
         outputs = []
         for t in range(x.shape[1]):
             y_t, (h_t, c_t) = self.lstm(x[:, t : t + 1], (h, c))
             keep = mask[:, t]
             h = torch.where(keep[None, :, None], h_t, h)
             c = torch.where(keep[None, :, None], c_t, c)
+            if done is not None:
+                end = (done[:, t] & keep)[None, :, None]
+                h, c = torch.where(end, 0.0, h), torch.where(end, 0.0, c)
             outputs.append(y_t.masked_fill(~keep[:, None, None], 0.0))
         return torch.cat(outputs, dim=1), (h, c)
 

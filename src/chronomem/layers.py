@@ -122,6 +122,20 @@ def check_mask(mask: Any, name: str, shape: Sequence[int]) -> Tensor | None:
     return mask
 
 
+def check_done(done: Any, shape: Sequence[int]) -> Tensor | None:
+    """Return ``done`` of exactly ``shape`` (``[B, N]``: True where a step is the last of its episode),
+    or ``None``."""
+    if done is None:
+        return None
+    if not isinstance(done, Tensor) or done.dtype != torch.bool:
+        got = f"dtype {done.dtype}" if isinstance(done, Tensor) else type(done).__name__
+        raise TypeError(f"done must be a boolean tensor of shape {tuple(shape)} (True = last step of an "
+                        f"episode), got {got}")
+    if tuple(done.shape) != tuple(shape):
+        raise ValueError(f"done must have shape {tuple(shape)}, got {tuple(done.shape)}")
+    return done
+
+
 def check_positive(value: Any, name: str, minimum: int = 1) -> int:
     """Return ``value`` if it is an int >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -563,6 +577,13 @@ def _map_tensors(value: Any, fn) -> Any:
     return value
 
 
+def clear_rows(t: Tensor, done: Tensor) -> Tensor:
+    """``t`` (batch first) with the rows of ``done [B]`` set to zero (``False``) by selection, never by
+    multiplying: a row that held NaN or inf comes back clean, and no gradient reaches the old rows."""
+    keep = ~done.view(-1, *([1] * (t.dim() - 1)))
+    return torch.where(keep, t, t.new_zeros(()))
+
+
 class RecurrentState:
     """Mixin for a frozen dataclass whose tensors all have the batch as their first dimension.
 
@@ -582,8 +603,7 @@ class RecurrentState:
         def clear(t: Tensor) -> Tensor:
             if t.shape[0] != done.shape[0]:
                 raise ValueError(f"done has batch size {done.shape[0]}, the state {t.shape[0]}")
-            keep = ~done.view(-1, *([1] * (t.dim() - 1)))
-            return torch.where(keep, t, t.new_zeros(()))
+            return clear_rows(t, done)
 
         return _map_tensors(self, clear)
 

@@ -48,10 +48,12 @@ from torch import Tensor, nn
 from chronomem.layers import (
     RecurrentState,
     build_config,
+    check_done,
     check_mask,
     check_positive,
     check_state_batch,
     check_tensor,
+    clear_rows,
     parameter_dtype,
 )
 from chronomem.registry import register_model
@@ -188,9 +190,15 @@ class _AttentiveRecurrence(nn.Module):
         nn.init.normal_(self.v_a, std=math.sqrt(2.0 / (1 + H)))  # xavier_normal_ of a [1, H] matrix
 
     # ---------------------------------------------------------------------------------------
-    def _check_input(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    def _check_input(self, x: Tensor, mask: Tensor | None, done: Tensor | None):
+        """``(x, mask, done, ends)``: ``ends`` lists the steps after which some row's episode ends (one
+        host sync per call, so the step loop pays for a reset only at those steps)."""
         x = check_tensor(x, "x", 3, self.input_size, "[B, T, input_size]", dtype=parameter_dtype(self))
-        return x, check_mask(mask, "mask", x.shape[:2])
+        mask, done = check_mask(mask, "mask", x.shape[:2]), check_done(done, x.shape[:2])
+        if done is not None and mask is not None:
+            done = done & mask  # a padded step is no step of an episode: its done is ignored
+        ends = set() if done is None else set(done.any(0).nonzero().flatten().tolist())
+        return x, mask, done, ends
 
     def _zeros_core(self, batch: int, device, dtype) -> tuple[Tensor, Tensor | None]:
         s = torch.zeros(batch, self.hidden_size, device=device, dtype=dtype)
@@ -231,11 +239,15 @@ class _AttentiveRecurrence(nn.Module):
 
 
 class RelevanceRNN(_AttentiveRecurrence):
-    """ReLRNN (paper 004): ``outputs [B, T, H], state = module(x [B, T, I], state=None, mask=None)``.
+    """ReLRNN (paper 004): ``outputs [B, T, H], state = module(x [B, T, I], state=None, mask=None,
+    done=None)``.
 
     ``outputs`` are the macro-states s_t. ``buffer_size`` = nu >= 1, ``relevant_size`` = rho >= 0
     (rho = 0: buffer only). ``mask [B, T]`` (True = valid): a padded step leaves the state unchanged and
-    outputs zeros. Defaults: H=128, nu=10, rho=15 (the authors' Copy settings).
+    outputs zeros. ``done [B, T]`` (True where a step is the last of its episode; ignored at padded
+    steps): after it the row restarts from the initial state (buffer, relevant set and scores empty),
+    by selection, so nothing crosses the boundary. Defaults: H=128, nu=10, rho=15 (the authors' Copy
+    settings).
     """
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> RelevanceState:
@@ -297,8 +309,9 @@ class RelevanceRNN(_AttentiveRecurrence):
         rel_position = rel_position.index_put((rows, slot), new_position)
         return rel_mk, rel_valid, rel_score, rel_position
 
-    def forward(self, x: Tensor, state: RelevanceState | None = None, mask: Tensor | None = None):
-        x, mask = self._check_input(x, mask)
+    def forward(self, x: Tensor, state: RelevanceState | None = None, mask: Tensor | None = None,
+                done: Tensor | None = None):
+        x, mask, done, ends = self._check_input(x, mask, done)
         batch, T = x.shape[:2]
         st = self._check_state(state, batch, x)
         nu, rho = self.buffer_size, self.relevant_size
@@ -338,6 +351,11 @@ class RelevanceRNN(_AttentiveRecurrence):
                 valid, score = torch.where(m1, new_valid, valid), torch.where(m1, new_score, score)
                 position, steps = torch.where(m1, new_position, position), steps + m.long()
                 outputs.append(s_new.masked_fill(~m1, 0.0))
+            if t in ends:  # the episode ended: the whole state (buffer, relevant set, scores) restarts
+                d = done[:, t]
+                s, mk, valid = clear_rows(s, d), clear_rows(mk, d), clear_rows(valid, d)
+                score, position, steps = clear_rows(score, d), clear_rows(position, d), clear_rows(steps, d)
+                c = None if c is None else clear_rows(c, d)
         memory, keys = mk.split(self.hidden_size, -1)
         out_state = RelevanceState(s, c, memory, keys, valid, score, position, steps)
         return torch.stack(outputs, 1), out_state
@@ -362,6 +380,7 @@ class MemRNN(_AttentiveRecurrence):
 
     Same equations as ``RelevanceRNN`` with M_t = {h_1, ..., h_t}. O(T) stored states, O(T^2) compute
     (and O(T^2) saved activations when training). ``buffer_size``/``relevant_size`` are ignored.
+    ``mask`` and ``done`` as in ``RelevanceRNN``: after a done every stored slot of the row is emptied.
     """
 
     screened = False
@@ -375,8 +394,9 @@ class MemRNN(_AttentiveRecurrence):
         return MemState(s, c, empty, empty.clone(), no_slots,
                         torch.zeros(batch_size, dtype=torch.long, device=device))
 
-    def forward(self, x: Tensor, state: MemState | None = None, mask: Tensor | None = None):
-        x, mask = self._check_input(x, mask)
+    def forward(self, x: Tensor, state: MemState | None = None, mask: Tensor | None = None,
+                done: Tensor | None = None):
+        x, mask, done, ends = self._check_input(x, mask, done)
         batch, T = x.shape[:2]
         if state is None:
             state = self.init_state(batch, x.device, x.dtype)
@@ -416,6 +436,15 @@ class MemRNN(_AttentiveRecurrence):
                 c = None if c is None else torch.where(m[:, None], c_new, c)
                 steps = steps + m.long()
                 outputs.append(s_new.masked_fill(~m[:, None], 0.0))
+            if t in ends:  # the episode ended: forget every stored state of the row
+                d = done[:, t]
+                if inplace:  # clear the storage itself (mk and valid are views of it)
+                    mk.masked_fill_(d[:, None, None], 0.0)
+                    valid.masked_fill_(d[:, None], False)
+                else:
+                    mk, valid = clear_rows(mk, d), clear_rows(valid, d)
+                s, steps = clear_rows(s, d), clear_rows(steps, d)
+                c = None if c is None else clear_rows(c, d)
         memory, keys = mk.split(self.hidden_size, -1)
         return torch.stack(outputs, 1), MemState(s, c, memory, keys, valid, steps)
 
