@@ -32,6 +32,7 @@ from chronomem.layers import (
     RelativeAttention,
     SelfAttentionBlock,
     build_config,
+    check_done,
     check_dropout,
     check_even_dim,
     check_heads,
@@ -179,13 +180,24 @@ class XLLayer(nn.Module):
             self.gate_attn = GRUGate(dim, gate_bias)
             self.gate_ff = GRUGate(dim, gate_bias)
 
-    def forward(self, h: Tensor, memory: Tensor, key_valid: Tensor, causal: bool, queries: int | None = None) -> Tensor:
-        """``queries``: compute only the segment's last ``queries`` rows (``output_steps``)."""
+    def forward(
+        self,
+        h: Tensor,
+        memory: Tensor,
+        key_valid: Tensor,
+        causal: bool,
+        queries: int | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``queries``: compute only the segment's last ``queries`` rows (``output_steps``).
+        ``attn_mask`` (``[..., L, M + L]``, True = may attend) narrows what each of the segment's rows sees."""
         # LN is per token, so LN([M; E]) = [LN(M); LN(E)]; the queries are the segment's own rows.
         context = self.norm_attn(torch.cat([memory, h], dim=1))
         if queries is not None:
             h = h[:, h.shape[1] - queries :]
-        y = self.attn(context[:, context.shape[1] - h.shape[1] :], context, key_mask=key_valid, causal=causal)
+            attn_mask = None if attn_mask is None else attn_mask[..., attn_mask.shape[-2] - queries :, :]
+        y = self.attn(context[:, context.shape[1] - h.shape[1] :], context, key_mask=key_valid,
+                      attn_mask=attn_mask, causal=causal)
         h = self.gate_attn(h, F.relu(y)) if self.gated else h + y
         y = self.ff(self.norm_ff(h))
         return self.gate_ff(h, F.relu(y)) if self.gated else h + y
@@ -196,25 +208,45 @@ class XLState(RecurrentState):
     """Transformer-XL memory: the last ``mem_len`` inputs of every layer (gradient-stopped).
 
     ``memory [B, depth, mem_len, dim]`` (oldest first), ``valid [B, mem_len]`` (``False`` for empty
-    slots and for slots that held padding). ``reset(done)`` empties the rows of finished episodes.
+    slots, for slots that held padding and, after an episode ended inside a call, for the slots of the
+    ended episode, whose memory is zeroed as ``reset`` would). ``reset(done)`` empties the rows of
+    finished episodes; ``select(rows)`` and ``layers.concat_states`` split and join the batch.
     """
 
     memory: Tensor
     valid: Tensor
 
 
+MEMORY_MODES = ("segment", "sliding")
+
+
 class TransformerXL(nn.Module):
     """Transformer-XL (Dai et al. 2019) with segment-level recurrence; ``gated=True`` gives GTrXL.
 
-    ``y, state = TransformerXL(...)(x [B, N, dim], state=None, mask=None)``. ``x`` is cut into segments
-    of ``segment_len`` steps (the last one may be shorter) processed in order. Layer ``l`` of a segment
-    attends to its cached memory (the last ``mem_len`` inputs layer ``l`` received, Sec. 3.2, with
-    ``torch.detach`` = the paper's stop-gradient) followed by the segment itself, causally within the
-    segment, with relative positions (Sec. 3.3). The returned state is the memory after the last
-    segment, so feeding a sequence in one call or segment by segment (passing ``state`` along, split at
-    multiples of ``segment_len``) gives the same outputs. Padded steps (``mask`` False) are never
-    attended to; they still occupy memory slots (marked invalid) and count for relative distances,
-    so padding belongs at the end of a stream. Outputs at padded positions are zero.
+    ``y, state = TransformerXL(...)(x [B, N, dim], state=None, mask=None, done=None)``. ``x`` is cut into
+    segments of ``segment_len`` steps (the last one may be shorter) processed in order. Layer ``l`` of a
+    segment attends to its cached memory (the last ``mem_len`` inputs layer ``l`` received, Sec. 3.2, with
+    ``torch.detach`` = the paper's stop-gradient) followed by the segment itself, with relative positions
+    (Sec. 3.3). Padded steps (``mask`` False) are never attended to; they still occupy memory slots
+    (marked invalid) and count for relative distances, so padding belongs at the end of a stream.
+    Outputs at padded positions are zero. ``memory_mode`` says which keys a query sees:
+
+    * ``"segment"`` (default, Dai et al.'s language model): the whole memory and its segment up to
+      itself (causal), so a query's span (``mem_len`` plus its place in the segment) depends on where
+      segments were cut. Feeding a sequence in one call or in calls split at multiples of
+      ``segment_len`` gives the same outputs; the memory is detached between segments inside a call too.
+    * ``"sliding"`` (the agents' form, as CleanRL's PPO-TrXL): query ``t`` sees the ``mem_len`` steps
+      before it and itself, a window sliding over the memory and the call (distances ``0 .. mem_len``).
+      Calls of any lengths, one step included, give the same outputs, and the same gradients, as one
+      call. ``segment_len`` only sets how many queries are computed together (the memory cost). The
+      memory is not cut by a stop-gradient: like an LSTM's state it carries the gradient from call to
+      call until ``state.detach()`` (a state stored while acting under ``torch.no_grad`` has none, so a
+      learning call from it sees a detached memory plus the call's own keys, as in CleanRL). Always
+      causal. ``done [B, N]`` (True where a step is the last of its
+      episode) is accepted: a query sees only its own episode's keys, and after a done the row continues
+      from the empty memory, exactly as ``state.reset(done[:, t])`` between two calls would; no gradient
+      crosses an episode boundary. (With segment recurrence an episode end inside a segment has no such
+      reference, so ``done`` there is a ValueError.)
 
     Defaults: dim 512, 4 layers, 8 heads (HTM paper Table 1, the TrXL/GTrXL agent memory), segment
     64 (its unroll length), memory 256 ("TrXL extra length" of Ballet).
@@ -224,9 +256,9 @@ class TransformerXL(nn.Module):
     the layers below still compute); the other outputs are zeros. Tested equal to the plain forward.
 
     Deviations: pre-LN with a final LayerNorm (Dai et al. is post-LN; GTrXL's identity-map reordering
-    is pre-LN too). ``causal=False`` (not in the paper) lets a query also see the later steps of its own
-    segment, for classification tasks; the memory always holds only the past. No adaptive softmax or
-    embeddings: heads do that.
+    is pre-LN too). ``causal=False`` (not in the paper, segment mode only) lets a query also see the
+    later steps of its own segment, for classification tasks; the memory always holds only the past.
+    No adaptive softmax or embeddings: heads do that.
     """
 
     @dataclass
@@ -242,6 +274,7 @@ class TransformerXL(nn.Module):
         ff_mult: float = 4.0
         dropout: float = 0.0
         output_steps: int | None = None
+        memory_mode: str = "segment"  # or "sliding": every query sees the last mem_len steps
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -254,9 +287,15 @@ class TransformerXL(nn.Module):
         check_positive(cfg.segment_len, "segment_len")
         check_positive(cfg.mem_len, "mem_len", minimum=0)
         check_dropout(cfg.dropout)
+        if cfg.memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {cfg.memory_mode!r}")
+        if cfg.memory_mode == "sliding" and not cfg.causal:
+            raise ValueError("memory_mode='sliding' is causal (each query sees the steps before it): "
+                             "causal=False needs memory_mode='segment'")
         self.dim = self.out_dim = cfg.dim
         self.depth, self.segment_len, self.mem_len = cfg.depth, cfg.segment_len, cfg.mem_len
         self.causal = bool(cfg.causal)
+        self.sliding = cfg.memory_mode == "sliding"
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
             XLLayer(cfg.dim, cfg.num_heads, ff_mult=cfg.ff_mult, dropout=cfg.dropout, gated=cfg.gated,
@@ -286,46 +325,83 @@ class TransformerXL(nn.Module):
             )
         return state
 
+    def _visible(self, length: int, episode: Tensor | None, device) -> Tensor | None:
+        """Which keys ``[memory; segment]`` each of a segment's ``length`` queries may see beyond the key
+        mask, ``[L, M + L]`` or ``[B, 1, L, M + L]`` (None: all). Sliding: query ``i`` (at key position
+        ``M + i``) sees distances ``0 .. M`` (keys ``i .. M + i``). ``episode [B, M + L]`` (the episode
+        number of every key within the call; the queries are the last L): only keys of the query's own
+        episode."""
+        visible = None
+        if self.sliding and length > 1:  # one query sees its whole window: nothing to narrow
+            distance = torch.arange(length, device=device)[:, None] + self.mem_len - torch.arange(
+                self.mem_len + length, device=device)[None, :]
+            visible = (distance >= 0) & (distance <= self.mem_len)
+        if episode is not None:
+            same = episode[:, -length:, None] == episode[:, None, :]  # [B, L, M + L]
+            visible = (same if visible is None else same & visible)[:, None]
+        return visible
+
     def segment(
-        self, x: Tensor, state: XLState, mask: Tensor, outputs: int | None = None
+        self, x: Tensor, state: XLState, mask: Tensor, outputs: int | None = None, episode: Tensor | None = None
     ) -> tuple[Tensor, XLState]:
         """One segment (Dai et al. Sec. 3.2): ``x [B, L, dim]``, ``mask [B, L]`` -> outputs, next memory.
-        ``outputs``: how many of the segment's last steps to compute in the last layer (None: all)."""
+        ``outputs``: how many of the segment's last steps to compute in the last layer (None: all).
+        ``episode [B, M + L]``: episode numbers of the memory slots and the segment's steps (with done)."""
         key_valid = torch.cat([state.valid, mask], dim=1)  # [B, M + L]
         keep = key_valid.shape[1] - self.mem_len  # the last mem_len steps become the next memory
+        visible = self._visible(x.shape[1], episode, x.device)
         h, memories = self.drop(x), []
         for layer_index, layer in enumerate(self.layers):
             memory = state.memory[:, layer_index]
-            # the next memory of this layer: the last mem_len inputs it received, gradient-stopped
-            memories.append(torch.cat([memory, h], dim=1)[:, keep:].detach())
+            # the next memory of this layer: the last mem_len inputs it received, gradient-stopped (segment
+            # mode, Dai et al.) or carrying gradients like an RNN state until state.detach() (sliding mode)
+            next_memory = torch.cat([memory, h], dim=1)[:, keep:]
+            memories.append(next_memory if self.sliding else next_memory.detach())
             last = layer_index == len(self.layers) - 1
             if last and outputs == 0:  # no output of this segment is read: the last layer has no work
                 h = h.new_zeros(h.shape)
                 break
-            h = layer(h, memory, key_valid, self.causal, queries=outputs if last else None)
+            h = layer(h, memory, key_valid, self.causal, queries=outputs if last else None, attn_mask=visible)
         y = self.norm(h) if outputs != 0 else h
         if y.shape[1] < x.shape[1]:
             y = torch.cat([y.new_zeros(y.shape[0], x.shape[1] - y.shape[1], y.shape[2]), y], 1)
         return y, XLState(torch.stack(memories, dim=1), key_valid[:, keep:])
 
-    def forward(self, x: Tensor, state: XLState | None = None, mask: Tensor | None = None):
+    def forward(
+        self, x: Tensor, state: XLState | None = None, mask: Tensor | None = None, done: Tensor | None = None
+    ):
         x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         batch, n = x.shape[:2]
         given_mask = check_mask(mask, "mask", (batch, n))
         state = self._check_state(state, batch, x.device)
+        if done is not None:
+            done = check_done(done, (batch, n))
+            if not self.sliding:
+                raise ValueError("done inside a call needs memory_mode='sliding': with segment recurrence a "
+                                 "query's span depends on where segments are cut (call with the steps up to "
+                                 "each done, then state.reset(done[:, t]), instead)")
         mask = torch.ones(batch, n, dtype=torch.bool, device=x.device) if given_mask is None else given_mask
         first = 0 if self.config.output_steps is None else max(0, n - self.config.output_steps)
         if first and given_mask is not None and not bool(given_mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
+        # Episode number of each step within the call (dones strictly before it); the memory from the
+        # state belongs to episode 0, the episode running when the call starts.
+        episode = None if done is None else torch.cat(
+            [done.new_zeros(batch, self.mem_len, dtype=torch.long), done.long().cumsum(1) - done.long()], 1)
         outputs = []
         for start in range(0, n, self.segment_len):
             stop = min(n, start + self.segment_len)
             wanted = None if first <= start else max(0, stop - first)  # outputs of this segment read
-            y, state = self.segment(x[:, start:stop], state, mask[:, start:stop], wanted)
+            keys = None if episode is None else episode[:, start : self.mem_len + stop]
+            y, state = self.segment(x[:, start:stop], state, mask[:, start:stop], wanted, keys)
             outputs.append(y)
         y = torch.cat(outputs, dim=1)
         if given_mask is not None:
             y = y.masked_fill(~given_mask[..., None], 0.0)
+        if done is not None:  # the slots of ended episodes are emptied, as state.reset would
+            current = episode[:, n:] == done.long().sum(1, keepdim=True)  # the memory's slots: [B, M]
+            state = XLState(torch.where(current[:, None, :, None], state.memory, state.memory.new_zeros(())),
+                            state.valid & current)
         return y, state
 
 
