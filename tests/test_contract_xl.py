@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chronomem.baselines import TransformerXL
+from chronomem.baselines import TransformerXL, XLState
 from chronomem.layers import concat_states
 from chronomem.registry import get_model
 from contract import check_any_split, check_done_equals_reset, check_select_concat, random_dones
@@ -168,3 +168,34 @@ def test_registry_builders_pass_memory_mode(name):
     assert model.sliding and model.config.memory_mode == "sliding"
     assert model.config.gated == (name == "gtrxl")
     assert not get_model(name)(dim=D, depth=1, num_heads=2, causal=True).sliding
+
+
+@pytest.mark.parametrize("memory_mode", ["segment", "sliding"])
+def test_cached_keys_equal_recomputed_ones(memory_mode):
+    """Without gradients a call reads the state's cached keys and values; with gradients, from a state
+    without a cache, or after the parameters changed, it recomputes them from the memory: same outputs
+    and states either way, and a stale cache is never read."""
+    torch.manual_seed(9)
+    model = TransformerXL(dim=D, depth=2, num_heads=2, segment_len=2, mem_len=5, gated=True,
+                          memory_mode=memory_mode).double()
+    x, _, _ = inputs(9, steps=9)
+    mask = torch.ones(B, 9, dtype=torch.bool)
+    mask[0, 6:] = False  # padded slots are cached as zeros
+    with torch.no_grad():
+        _, state = model(x[:, :6], mask=mask[:, :6])
+        y_cached, s_cached = model(x[:, 6:], state, mask=mask[:, 6:])
+        y_plain, _ = model(x[:, 6:], XLState(state.memory, state.valid), mask=mask[:, 6:])
+    y_grad, s_grad = model(x[:, 6:], state, mask=mask[:, 6:])
+    torch.testing.assert_close(y_cached, y_grad.detach(), atol=1e-10, rtol=0)
+    torch.testing.assert_close(y_plain, y_grad.detach(), atol=1e-10, rtol=0)
+    for a, b in zip(s_cached.kv, s_grad.kv, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    assert torch.equal(s_cached.kv_version, s_grad.kv_version)
+    with torch.no_grad():  # an optimiser step: the cache in `state` is stale now
+        model.layers[1].attn.attn.to_kv.weight.add_(0.5)
+        model.layers[0].norm_attn.bias.add_(0.5)
+        y_after, s_after = model(x[:, 6:], state, mask=mask[:, 6:])
+    y_recomputed, _ = model(x[:, 6:], state, mask=mask[:, 6:])
+    torch.testing.assert_close(y_after, y_recomputed.detach(), atol=1e-10, rtol=0)
+    assert (y_after - y_cached).abs().max() > 1e-3
+    assert not torch.equal(s_after.kv_version, s_cached.kv_version)

@@ -19,6 +19,7 @@ Deviations from the papers are listed in each class docstring.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,7 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
+    merge_masks,
     parameter_dtype,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
@@ -191,16 +193,45 @@ class XLLayer(nn.Module):
     ) -> Tensor:
         """``queries``: compute only the segment's last ``queries`` rows (``output_steps``).
         ``attn_mask`` (``[..., L, M + L]``, True = may attend) narrows what each of the segment's rows sees."""
+        return self.step(h, self.memory_kv(memory), key_valid, causal, queries, attn_mask)[0]
+
+    def memory_kv(self, memory: Tensor) -> Tensor:
+        """Keys and values of the memory, ``[B, M, 2 dim]``: ``W_kv LN(M)`` (LN and the projection are per
+        token, so they are the same whether computed now or when the step was in its own segment)."""
+        return self.attn.attn.to_kv(self.norm_attn(memory))
+
+    def step(
+        self,
+        h: Tensor,
+        memory_kv: Tensor,
+        key_valid: Tensor | None,
+        causal: bool,
+        queries: int | None = None,
+        attn_mask: Tensor | None = None,
+        step_valid: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The layer from the memory's keys and values (``memory_kv``): the output and the keys and values
+        of memory and segment, ``[B, M + L, 2 dim]``, those of invalid steps (``step_valid [B, L]`` False)
+        zeroed as in the cache. ``key_valid`` None: every key is valid."""
         # LN is per token, so LN([M; E]) = [LN(M); LN(E)]; the queries are the segment's own rows.
-        context = self.norm_attn(torch.cat([memory, h], dim=1))
+        normed = self.norm_attn(h)
+        segment_kv = self.attn.attn.to_kv(normed)
+        if step_valid is not None:  # never attended (key_valid): zeroed only so that the cache is
+            segment_kv = segment_kv.masked_fill(~step_valid[..., None], 0.0)
+        keys_kv = torch.cat([memory_kv, segment_kv], 1)
         if queries is not None:
-            h = h[:, h.shape[1] - queries :]
+            h, normed = h[:, h.shape[1] - queries :], normed[:, h.shape[1] - queries :]
             attn_mask = None if attn_mask is None else attn_mask[..., attn_mask.shape[-2] - queries :, :]
-        y = self.attn(context[:, context.shape[1] - h.shape[1] :], context, key_mask=key_valid,
-                      attn_mask=attn_mask, causal=causal)
+        # RelativeAttention.forward from projected keys and values (Dai et al. Sec. 3.3, terms (a)-(d))
+        attn, heads = self.attn, (self.attn.num_heads, self.attn.head_dim)
+        k, v = (t.unflatten(-1, heads).transpose(1, 2) for t in keys_kv.chunk(2, -1))
+        q = attn.attn.heads_q(normed)
+        bias = attn.position_bias(q, k.shape[-2])
+        y = attn.attn.attend(q + attn.u[:, None, :], k, v, mask=merge_masks(key_valid, attn_mask), bias=bias,
+                             causal=causal and q.shape[-2] > 1)  # a single query sees every key anyway
         h = self.gate_attn(h, F.relu(y)) if self.gated else h + y
         y = self.ff(self.norm_ff(h))
-        return self.gate_ff(h, F.relu(y)) if self.gated else h + y
+        return self.gate_ff(h, F.relu(y)) if self.gated else h + y, keys_kv
 
 
 @dataclass(frozen=True)
@@ -211,13 +242,25 @@ class XLState(RecurrentState):
     slots, for slots that held padding and, after an episode ended inside a call, for the slots of the
     ended episode, whose memory is zeroed as ``reset`` would). ``reset(done)`` empties the rows of
     finished episodes; ``select(rows)`` and ``layers.concat_states`` split and join the batch.
+
+    ``kv`` (one ``[B, mem_len, 2 dim]`` per layer) caches every layer's keys and values of its memory (``W_kv LN(M)``,
+    zero at invalid slots) and ``kv_version [B]`` names the parameter values they were computed with
+    (0: a row with no valid slot). A call without gradients (acting) reads them instead of projecting
+    the whole memory again; a call with gradients, or after the parameters changed, recomputes them
+    from ``memory``. Same numbers either way. (A state built from ``memory`` and ``valid`` alone has no
+    cache and is recomputed.)
     """
 
     memory: Tensor
     valid: Tensor
+    kv: tuple[Tensor, ...] | None = None
+    kv_version: Tensor | None = None
 
 
 MEMORY_MODES = ("segment", "sliding")
+# Numbers naming parameter values across every TransformerXL, so a state's cached keys and values are
+# only read by a module whose parameters still have the values they were computed with.
+_parameter_versions = itertools.count(1)
 
 
 class TransformerXL(nn.Module):
@@ -309,7 +352,25 @@ class TransformerXL(nn.Module):
         check_positive(batch_size, "batch_size")
         dtype = self.norm.weight.dtype
         memory = torch.zeros(batch_size, self.depth, self.mem_len, self.dim, device=device, dtype=dtype)
-        return XLState(memory, torch.zeros(batch_size, self.mem_len, dtype=torch.bool, device=device))
+        kv = tuple(torch.zeros(batch_size, self.mem_len, 2 * self.dim, device=device, dtype=dtype)
+                   for _ in range(self.depth))
+        return XLState(memory, torch.zeros(batch_size, self.mem_len, dtype=torch.bool, device=device), kv,
+                       torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def _parameter_version(self) -> int:
+        """The number naming the current values of the parameters the memory's keys and values depend on
+        (each layer's ``norm_attn`` and ``to_kv``): a new number whenever they changed since the last call
+        (an optimiser step, ``load_state_dict``), found by comparing with a copy (a few thousand numbers)."""
+        params = [p for layer in self.layers for m in (layer.norm_attn, layer.attn.attn.to_kv) for p in m.parameters()]
+        seen = getattr(self, "_kv_parameters", None)
+        if seen is None or not all(
+            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+            for a, b in zip(seen, params, strict=True)
+        ):
+            with torch.no_grad():
+                self._kv_parameters = [p.detach().clone() for p in params]
+            self._kv_version = next(_parameter_versions)
+        return self._kv_version
 
     def _check_state(self, state, batch: int, device) -> XLState:
         if state is None:
@@ -323,6 +384,12 @@ class TransformerXL(nn.Module):
                 f"state.memory must have shape {expected} and state.valid {(batch, self.mem_len)}, "
                 f"got {tuple(state.memory.shape)} and {tuple(state.valid.shape)}"
             )
+        if state.kv is not None:
+            expected = (batch, self.mem_len, 2 * self.dim)
+            shapes = [tuple(t.shape) for t in state.kv]
+            if shapes != [expected] * self.depth or state.kv_version is None or state.kv_version.shape != (batch,):
+                raise ValueError(f"state.kv must hold {self.depth} tensors of shape {expected} and "
+                                 f"state.kv_version the shape {(batch,)}, got {shapes} and {state.kv_version}")
         return state
 
     def _visible(self, length: int, episode: Tensor | None, device) -> Tensor | None:
@@ -342,30 +409,52 @@ class TransformerXL(nn.Module):
         return visible
 
     def segment(
-        self, x: Tensor, state: XLState, mask: Tensor, outputs: int | None = None, episode: Tensor | None = None
+        self,
+        x: Tensor,
+        state: XLState,
+        mask: Tensor | None,
+        outputs: int | None = None,
+        episode: Tensor | None = None,
+        version: int = 0,
     ) -> tuple[Tensor, XLState]:
-        """One segment (Dai et al. Sec. 3.2): ``x [B, L, dim]``, ``mask [B, L]`` -> outputs, next memory.
-        ``outputs``: how many of the segment's last steps to compute in the last layer (None: all).
-        ``episode [B, M + L]``: episode numbers of the memory slots and the segment's steps (with done)."""
-        key_valid = torch.cat([state.valid, mask], dim=1)  # [B, M + L]
+        """One segment (Dai et al. Sec. 3.2): ``x [B, L, dim]``, ``mask [B, L]`` (None: all valid) -> outputs,
+        next memory. ``outputs``: how many of the segment's last steps to compute in the last layer (None:
+        all). ``episode [B, M + L]``: episode numbers of the memory slots and the segment's steps (with
+        done). ``version``: the parameters' (``_parameter_version``)."""
+        batch, length = x.shape[:2]
+        all_valid = mask is None or bool(mask.all())
+        key_valid = torch.cat([state.valid, x.new_ones(batch, length, dtype=torch.bool) if mask is None else mask], 1)
         keep = key_valid.shape[1] - self.mem_len  # the last mem_len steps become the next memory
-        visible = self._visible(x.shape[1], episode, x.device)
-        h, memories = self.drop(x), []
+        visible = self._visible(length, episode, x.device)
+        attended = None if all_valid and bool(state.valid.all()) else key_valid  # None: no key is masked
+        # The cached keys and values are read only without gradients (the parameters' gradient flows
+        # through W_kv LN(M)) and when every row's cache was made with the present parameter values.
+        cached = state.kv is not None and not torch.is_grad_enabled() and bool(
+            ((state.kv_version == version) | ~state.valid.any(1)).all())
+        h, inputs, kvs = self.drop(x), [], []
         for layer_index, layer in enumerate(self.layers):
-            memory = state.memory[:, layer_index]
-            # the next memory of this layer: the last mem_len inputs it received, gradient-stopped (segment
-            # mode, Dai et al.) or carrying gradients like an RNN state until state.detach() (sliding mode)
-            next_memory = torch.cat([memory, h], dim=1)[:, keep:]
-            memories.append(next_memory if self.sliding else next_memory.detach())
+            inputs.append(h)
+            if cached:
+                memory_kv = state.kv[layer_index]
+            else:  # zero at invalid slots, as in the cache (they are never attended)
+                memory_kv = layer.memory_kv(state.memory[:, layer_index]).masked_fill(~state.valid[..., None], 0.0)
             last = layer_index == len(self.layers) - 1
             if last and outputs == 0:  # no output of this segment is read: the last layer has no work
+                keys_kv = torch.cat([memory_kv, layer.memory_kv(h)], dim=1)
                 h = h.new_zeros(h.shape)
-                break
-            h = layer(h, memory, key_valid, self.causal, queries=outputs if last else None, attn_mask=visible)
+            else:
+                h, keys_kv = layer.step(h, memory_kv, attended, self.causal, outputs if last else None, visible,
+                                        None if all_valid else mask)
+            kvs.append(keys_kv[:, keep:].detach())  # a view: the cache costs no copy
+        # the next memory: the last mem_len inputs of every layer, gradient-stopped (segment mode, Dai et
+        # al.) or carrying gradients like an RNN state until state.detach() (sliding mode)
+        memory = torch.cat([state.memory, torch.stack(inputs, dim=1)], dim=2)[:, :, keep:]
         y = self.norm(h) if outputs != 0 else h
-        if y.shape[1] < x.shape[1]:
-            y = torch.cat([y.new_zeros(y.shape[0], x.shape[1] - y.shape[1], y.shape[2]), y], 1)
-        return y, XLState(torch.stack(memories, dim=1), key_valid[:, keep:])
+        if y.shape[1] < length:
+            y = torch.cat([y.new_zeros(batch, length - y.shape[1], y.shape[2]), y], 1)
+        valid = key_valid[:, keep:]
+        tag = torch.where(valid.any(1), version, 0)  # a row with no valid slot has nothing cached
+        return y, XLState(memory if self.sliding else memory.detach(), valid, tuple(kvs), tag)
 
     def forward(
         self, x: Tensor, state: XLState | None = None, mask: Tensor | None = None, done: Tensor | None = None
@@ -380,7 +469,6 @@ class TransformerXL(nn.Module):
                 raise ValueError("done inside a call needs memory_mode='sliding': with segment recurrence a "
                                  "query's span depends on where segments are cut (call with the steps up to "
                                  "each done, then state.reset(done[:, t]), instead)")
-        mask = torch.ones(batch, n, dtype=torch.bool, device=x.device) if given_mask is None else given_mask
         first = 0 if self.config.output_steps is None else max(0, n - self.config.output_steps)
         if first and given_mask is not None and not bool(given_mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
@@ -388,20 +476,24 @@ class TransformerXL(nn.Module):
         # state belongs to episode 0, the episode running when the call starts.
         episode = None if done is None else torch.cat(
             [done.new_zeros(batch, self.mem_len, dtype=torch.long), done.long().cumsum(1) - done.long()], 1)
+        version = self._parameter_version()
         outputs = []
         for start in range(0, n, self.segment_len):
             stop = min(n, start + self.segment_len)
             wanted = None if first <= start else max(0, stop - first)  # outputs of this segment read
             keys = None if episode is None else episode[:, start : self.mem_len + stop]
-            y, state = self.segment(x[:, start:stop], state, mask[:, start:stop], wanted, keys)
+            segment_mask = None if given_mask is None else given_mask[:, start:stop]
+            y, state = self.segment(x[:, start:stop], state, segment_mask, wanted, keys, version)
             outputs.append(y)
         y = torch.cat(outputs, dim=1)
         if given_mask is not None:
             y = y.masked_fill(~given_mask[..., None], 0.0)
         if done is not None:  # the slots of ended episodes are emptied, as state.reset would
             current = episode[:, n:] == done.long().sum(1, keepdim=True)  # the memory's slots: [B, M]
-            state = XLState(torch.where(current[:, None, :, None], state.memory, state.memory.new_zeros(())),
-                            state.valid & current)
+            valid, ended = state.valid & current, ~current[..., None]
+            state = XLState(state.memory.masked_fill(ended[:, None], 0.0), valid,
+                            tuple(kv.masked_fill(ended, 0.0) for kv in state.kv),
+                            torch.where(valid.any(1), state.kv_version, 0))
         return y, state
 
 
