@@ -11,6 +11,8 @@ All three follow the chronomem convention ``y, state = module(x [B, N, dim], sta
   layer's inputs, and relative position encoding (their Section 3.3). ``gated=True`` replaces every
   residual connection by the GRU-type gate of Parisotto et al. (2020), *Stabilizing Transformers for
   Reinforcement Learning* (GTrXL), the memory of the HTM paper's agents (paper 001, Sec. 2 and Table 1).
+  ``memory_mode="sliding"`` (the agents' form) gives every query the last ``mem_len`` steps at any split
+  and takes episode ends inside a call (``done``).
 * ``LSTM`` ("lstm"): ``torch.nn.LSTM`` with an explicit state and exact padding (padded steps never
   change the state). The recurrent baseline of papers 001 and 004.
 
@@ -612,7 +614,8 @@ def build_transformer(dim: int, depth: int, num_heads: int, causal: bool, **opti
 
 @register_model("transformer-xl")
 def build_transformer_xl(dim: int, depth: int, num_heads: int, causal: bool, **options) -> TransformerXL:
-    """Options: ``segment_len`` (64), ``mem_len`` (256), ``ff_mult``, ``dropout``."""
+    """Options: ``segment_len`` (64), ``mem_len`` (256), ``memory_mode`` ("segment" or "sliding"), ``ff_mult``,
+    ``dropout``, ``output_steps``."""
     return TransformerXL(dim=dim, depth=depth, num_heads=num_heads, causal=causal, **options)
 
 
