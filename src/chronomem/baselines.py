@@ -11,6 +11,8 @@ All three follow the chronomem convention ``y, state = module(x [B, N, dim], sta
   layer's inputs, and relative position encoding (their Section 3.3). ``gated=True`` replaces every
   residual connection by the GRU-type gate of Parisotto et al. (2020), *Stabilizing Transformers for
   Reinforcement Learning* (GTrXL), the memory of the HTM paper's agents (paper 001, Sec. 2 and Table 1).
+  ``memory_mode="sliding"`` (the agents' form) gives every query the last ``mem_len`` steps at any split
+  and takes episode ends inside a call (``done``).
 * ``LSTM`` ("lstm"): ``torch.nn.LSTM`` with an explicit state and exact padding (padded steps never
   change the state). The recurrent baseline of papers 001 and 004.
 
@@ -19,6 +21,7 @@ Deviations from the papers are listed in each class docstring.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +43,7 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
+    merge_masks,
     parameter_dtype,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
@@ -180,16 +184,56 @@ class XLLayer(nn.Module):
             self.gate_attn = GRUGate(dim, gate_bias)
             self.gate_ff = GRUGate(dim, gate_bias)
 
-    def forward(self, h: Tensor, memory: Tensor, key_valid: Tensor, causal: bool, queries: int | None = None) -> Tensor:
-        """``queries``: compute only the segment's last ``queries`` rows (``output_steps``)."""
+    def forward(
+        self,
+        h: Tensor,
+        memory: Tensor,
+        key_valid: Tensor,
+        causal: bool,
+        queries: int | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``queries``: compute only the segment's last ``queries`` rows (``output_steps``).
+        ``attn_mask`` (``[..., L, M + L]``, True = may attend) narrows what each of the segment's rows sees."""
+        return self.step(h, self.memory_kv(memory), key_valid, causal, queries, attn_mask)[0]
+
+    def memory_kv(self, memory: Tensor) -> Tensor:
+        """Keys and values of the memory, ``[B, M, 2 dim]``: ``W_kv LN(M)`` (LN and the projection are per
+        token, so they are the same whether computed now or when the step was in its own segment)."""
+        return self.attn.attn.to_kv(self.norm_attn(memory))
+
+    def step(
+        self,
+        h: Tensor,
+        memory_kv: Tensor,
+        key_valid: Tensor | None,
+        causal: bool,
+        queries: int | None = None,
+        attn_mask: Tensor | None = None,
+        step_valid: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """The layer from the memory's keys and values (``memory_kv``): the output and the keys and values
+        of memory and segment, ``[B, M + L, 2 dim]``, those of invalid steps (``step_valid [B, L]`` False)
+        zeroed as in the cache. ``key_valid`` None: every key is valid."""
         # LN is per token, so LN([M; E]) = [LN(M); LN(E)]; the queries are the segment's own rows.
-        context = self.norm_attn(torch.cat([memory, h], dim=1))
+        normed = self.norm_attn(h)
+        segment_kv = self.attn.attn.to_kv(normed)
+        if step_valid is not None:  # never attended (key_valid): zeroed only so that the cache is
+            segment_kv = segment_kv.masked_fill(~step_valid[..., None], 0.0)
+        keys_kv = torch.cat([memory_kv, segment_kv], 1)
         if queries is not None:
-            h = h[:, h.shape[1] - queries :]
-        y = self.attn(context[:, context.shape[1] - h.shape[1] :], context, key_mask=key_valid, causal=causal)
+            h, normed = h[:, h.shape[1] - queries :], normed[:, h.shape[1] - queries :]
+            attn_mask = None if attn_mask is None else attn_mask[..., attn_mask.shape[-2] - queries :, :]
+        # RelativeAttention.forward from projected keys and values (Dai et al. Sec. 3.3, terms (a)-(d))
+        attn, heads = self.attn, (self.attn.num_heads, self.attn.head_dim)
+        k, v = (t.unflatten(-1, heads).transpose(1, 2) for t in keys_kv.chunk(2, -1))
+        q = attn.attn.heads_q(normed)
+        bias = attn.position_bias(q, k.shape[-2])
+        y = attn.attn.attend(q + attn.u[:, None, :], k, v, mask=merge_masks(key_valid, attn_mask), bias=bias,
+                             causal=causal and q.shape[-2] > 1)  # a single query sees every key anyway
         h = self.gate_attn(h, F.relu(y)) if self.gated else h + y
         y = self.ff(self.norm_ff(h))
-        return self.gate_ff(h, F.relu(y)) if self.gated else h + y
+        return self.gate_ff(h, F.relu(y)) if self.gated else h + y, keys_kv
 
 
 @dataclass(frozen=True)
@@ -197,25 +241,57 @@ class XLState(RecurrentState):
     """Transformer-XL memory: the last ``mem_len`` inputs of every layer (gradient-stopped).
 
     ``memory [B, depth, mem_len, dim]`` (oldest first), ``valid [B, mem_len]`` (``False`` for empty
-    slots and for slots that held padding). ``reset(done)`` empties the rows of finished episodes.
+    slots, for slots that held padding and, after an episode ended inside a call, for the slots of the
+    ended episode, whose memory is zeroed as ``reset`` would). ``reset(done)`` empties the rows of
+    finished episodes; ``select(rows)`` and ``layers.concat_states`` split and join the batch.
+
+    ``kv`` (one ``[B, mem_len, 2 dim]`` per layer) caches every layer's keys and values of its memory (``W_kv LN(M)``,
+    zero at invalid slots) and ``kv_version [B]`` names the parameter values they were computed with
+    (0: a row with no valid slot). A call without gradients (acting) reads them instead of projecting
+    the whole memory again; a call with gradients, or after the parameters changed, recomputes them
+    from ``memory``. Same numbers either way. (A state built from ``memory`` and ``valid`` alone has no
+    cache and is recomputed.)
     """
 
     memory: Tensor
     valid: Tensor
+    kv: tuple[Tensor, ...] | None = None
+    kv_version: Tensor | None = None
+
+
+MEMORY_MODES = ("segment", "sliding")
+# Numbers naming parameter values across every TransformerXL, so a state's cached keys and values are
+# only read by a module whose parameters still have the values they were computed with.
+_parameter_versions = itertools.count(1)
 
 
 class TransformerXL(nn.Module):
     """Transformer-XL (Dai et al. 2019) with segment-level recurrence; ``gated=True`` gives GTrXL.
 
-    ``y, state = TransformerXL(...)(x [B, N, dim], state=None, mask=None)``. ``x`` is cut into segments
-    of ``segment_len`` steps (the last one may be shorter) processed in order. Layer ``l`` of a segment
-    attends to its cached memory (the last ``mem_len`` inputs layer ``l`` received, Sec. 3.2, with
-    ``torch.detach`` = the paper's stop-gradient) followed by the segment itself, causally within the
-    segment, with relative positions (Sec. 3.3). The returned state is the memory after the last
-    segment, so feeding a sequence in one call or segment by segment (passing ``state`` along, split at
-    multiples of ``segment_len``) gives the same outputs. Padded steps (``mask`` False) are never
-    attended to; they still occupy memory slots (marked invalid) and count for relative distances,
-    so padding belongs at the end of a stream. Outputs at padded positions are zero.
+    ``y, state = TransformerXL(...)(x [B, N, dim], state=None, mask=None, done=None)``. ``x`` is cut into
+    segments of ``segment_len`` steps (the last one may be shorter) processed in order. Layer ``l`` of a
+    segment attends to its cached memory (the last ``mem_len`` inputs layer ``l`` received, Sec. 3.2, with
+    ``torch.detach`` = the paper's stop-gradient) followed by the segment itself, with relative positions
+    (Sec. 3.3). Padded steps (``mask`` False) are never attended to; they still occupy memory slots
+    (marked invalid) and count for relative distances, so padding belongs at the end of a stream.
+    Outputs at padded positions are zero. ``memory_mode`` says which keys a query sees:
+
+    * ``"segment"`` (default, Dai et al.'s language model): the whole memory and its segment up to
+      itself (causal), so a query's span (``mem_len`` plus its place in the segment) depends on where
+      segments were cut. Feeding a sequence in one call or in calls split at multiples of
+      ``segment_len`` gives the same outputs; the memory is detached between segments inside a call too.
+    * ``"sliding"`` (the agents' form, as CleanRL's PPO-TrXL): query ``t`` sees the ``mem_len`` steps
+      before it and itself, a window sliding over the memory and the call (distances ``0 .. mem_len``).
+      Calls of any lengths, one step included, give the same outputs, and the same gradients, as one
+      call. ``segment_len`` only sets how many queries are computed together (the memory cost). The
+      memory is not cut by a stop-gradient: like an LSTM's state it carries the gradient from call to
+      call until ``state.detach()`` (a state stored while acting under ``torch.no_grad`` has none, so a
+      learning call from it sees a detached memory plus the call's own keys, as in CleanRL). Always
+      causal. ``done [B, N]`` (True where a step is the last of its
+      episode) is accepted: a query sees only its own episode's keys, and after a done the row continues
+      from the empty memory, exactly as ``state.reset(done[:, t])`` between two calls would; no gradient
+      crosses an episode boundary. (With segment recurrence an episode end inside a segment has no such
+      reference, so ``done`` there is a ValueError.)
 
     Defaults: dim 512, 4 layers, 8 heads (HTM paper Table 1, the TrXL/GTrXL agent memory), segment
     64 (its unroll length), memory 256 ("TrXL extra length" of Ballet).
@@ -225,9 +301,9 @@ class TransformerXL(nn.Module):
     the layers below still compute); the other outputs are zeros. Tested equal to the plain forward.
 
     Deviations: pre-LN with a final LayerNorm (Dai et al. is post-LN; GTrXL's identity-map reordering
-    is pre-LN too). ``causal=False`` (not in the paper) lets a query also see the later steps of its own
-    segment, for classification tasks; the memory always holds only the past. No adaptive softmax or
-    embeddings: heads do that.
+    is pre-LN too). ``causal=False`` (not in the paper, segment mode only) lets a query also see the
+    later steps of its own segment, for classification tasks; the memory always holds only the past.
+    No adaptive softmax or embeddings: heads do that.
     """
 
     @dataclass
@@ -243,6 +319,7 @@ class TransformerXL(nn.Module):
         ff_mult: float = 4.0
         dropout: float = 0.0
         output_steps: int | None = None
+        memory_mode: str = "segment"  # or "sliding": every query sees the last mem_len steps
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -255,9 +332,15 @@ class TransformerXL(nn.Module):
         check_positive(cfg.segment_len, "segment_len")
         check_positive(cfg.mem_len, "mem_len", minimum=0)
         check_dropout(cfg.dropout)
+        if cfg.memory_mode not in MEMORY_MODES:
+            raise ValueError(f"memory_mode must be one of {MEMORY_MODES}, got {cfg.memory_mode!r}")
+        if cfg.memory_mode == "sliding" and not cfg.causal:
+            raise ValueError("memory_mode='sliding' is causal (each query sees the steps before it): "
+                             "causal=False needs memory_mode='segment'")
         self.dim = self.out_dim = cfg.dim
         self.depth, self.segment_len, self.mem_len = cfg.depth, cfg.segment_len, cfg.mem_len
         self.causal = bool(cfg.causal)
+        self.sliding = cfg.memory_mode == "sliding"
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(
             XLLayer(cfg.dim, cfg.num_heads, ff_mult=cfg.ff_mult, dropout=cfg.dropout, gated=cfg.gated,
@@ -271,7 +354,25 @@ class TransformerXL(nn.Module):
         check_positive(batch_size, "batch_size")
         dtype = self.norm.weight.dtype
         memory = torch.zeros(batch_size, self.depth, self.mem_len, self.dim, device=device, dtype=dtype)
-        return XLState(memory, torch.zeros(batch_size, self.mem_len, dtype=torch.bool, device=device))
+        kv = tuple(torch.zeros(batch_size, self.mem_len, 2 * self.dim, device=device, dtype=dtype)
+                   for _ in range(self.depth))
+        return XLState(memory, torch.zeros(batch_size, self.mem_len, dtype=torch.bool, device=device), kv,
+                       torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def _parameter_version(self) -> int:
+        """The number naming the current values of the parameters the memory's keys and values depend on
+        (each layer's ``norm_attn`` and ``to_kv``): a new number whenever they changed since the last call
+        (an optimiser step, ``load_state_dict``), found by comparing with a copy (a few thousand numbers)."""
+        params = [p for layer in self.layers for m in (layer.norm_attn, layer.attn.attn.to_kv) for p in m.parameters()]
+        seen = getattr(self, "_kv_parameters", None)
+        if seen is None or not all(
+            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+            for a, b in zip(seen, params, strict=True)
+        ):
+            with torch.no_grad():
+                self._kv_parameters = [p.detach().clone() for p in params]
+            self._kv_version = next(_parameter_versions)
+        return self._kv_version
 
     def _check_state(self, state, batch: int, device) -> XLState:
         if state is None:
@@ -285,48 +386,116 @@ class TransformerXL(nn.Module):
                 f"state.memory must have shape {expected} and state.valid {(batch, self.mem_len)}, "
                 f"got {tuple(state.memory.shape)} and {tuple(state.valid.shape)}"
             )
+        if state.kv is not None:
+            expected = (batch, self.mem_len, 2 * self.dim)
+            shapes = [tuple(t.shape) for t in state.kv]
+            if shapes != [expected] * self.depth or state.kv_version is None or state.kv_version.shape != (batch,):
+                raise ValueError(f"state.kv must hold {self.depth} tensors of shape {expected} and "
+                                 f"state.kv_version the shape {(batch,)}, got {shapes} and {state.kv_version}")
         return state
 
+    def _visible(self, length: int, episode: Tensor | None, device) -> Tensor | None:
+        """Which keys ``[memory; segment]`` each of a segment's ``length`` queries may see beyond the key
+        mask, ``[L, M + L]`` or ``[B, 1, L, M + L]`` (None: all). Sliding: query ``i`` (at key position
+        ``M + i``) sees distances ``0 .. M`` (keys ``i .. M + i``). ``episode [B, M + L]`` (the episode
+        number of every key within the call; the queries are the last L): only keys of the query's own
+        episode."""
+        visible = None
+        if self.sliding and length > 1:  # one query sees its whole window: nothing to narrow
+            distance = torch.arange(length, device=device)[:, None] + self.mem_len - torch.arange(
+                self.mem_len + length, device=device)[None, :]
+            visible = (distance >= 0) & (distance <= self.mem_len)
+        if episode is not None:
+            same = episode[:, -length:, None] == episode[:, None, :]  # [B, L, M + L]
+            visible = (same if visible is None else same & visible)[:, None]
+        return visible
+
     def segment(
-        self, x: Tensor, state: XLState, mask: Tensor, outputs: int | None = None
+        self,
+        x: Tensor,
+        state: XLState,
+        mask: Tensor | None,
+        outputs: int | None = None,
+        episode: Tensor | None = None,
+        version: int = 0,
     ) -> tuple[Tensor, XLState]:
-        """One segment (Dai et al. Sec. 3.2): ``x [B, L, dim]``, ``mask [B, L]`` -> outputs, next memory.
-        ``outputs``: how many of the segment's last steps to compute in the last layer (None: all)."""
-        key_valid = torch.cat([state.valid, mask], dim=1)  # [B, M + L]
+        """One segment (Dai et al. Sec. 3.2): ``x [B, L, dim]``, ``mask [B, L]`` (None: all valid) -> outputs,
+        next memory. ``outputs``: how many of the segment's last steps to compute in the last layer (None:
+        all). ``episode [B, M + L]``: episode numbers of the memory slots and the segment's steps (with
+        done). ``version``: the parameters' (``_parameter_version``)."""
+        batch, length = x.shape[:2]
+        all_valid = mask is None or bool(mask.all())
+        key_valid = torch.cat([state.valid, x.new_ones(batch, length, dtype=torch.bool) if mask is None else mask], 1)
         keep = key_valid.shape[1] - self.mem_len  # the last mem_len steps become the next memory
-        h, memories = self.drop(x), []
+        visible = self._visible(length, episode, x.device)
+        attended = None if all_valid and bool(state.valid.all()) else key_valid  # None: no key is masked
+        # The cached keys and values are read only without gradients (the parameters' gradient flows
+        # through W_kv LN(M)) and when every row's cache was made with the present parameter values.
+        cached = state.kv is not None and not torch.is_grad_enabled() and bool(
+            ((state.kv_version == version) | ~state.valid.any(1)).all())
+        h, inputs, kvs = self.drop(x), [], []
         for layer_index, layer in enumerate(self.layers):
-            memory = state.memory[:, layer_index]
-            # the next memory of this layer: the last mem_len inputs it received, gradient-stopped
-            memories.append(torch.cat([memory, h], dim=1)[:, keep:].detach())
+            inputs.append(h)
+            if cached:
+                memory_kv = state.kv[layer_index]
+            else:  # zero at invalid slots, as in the cache (they are never attended)
+                memory_kv = layer.memory_kv(state.memory[:, layer_index]).masked_fill(~state.valid[..., None], 0.0)
             last = layer_index == len(self.layers) - 1
             if last and outputs == 0:  # no output of this segment is read: the last layer has no work
+                keys_kv = torch.cat([memory_kv, layer.memory_kv(h)], dim=1)
                 h = h.new_zeros(h.shape)
-                break
-            h = layer(h, memory, key_valid, self.causal, queries=outputs if last else None)
+            else:
+                h, keys_kv = layer.step(h, memory_kv, attended, self.causal, outputs if last else None, visible,
+                                        None if all_valid else mask)
+            kvs.append(keys_kv[:, keep:].detach())  # a view: the cache costs no copy
+        # the next memory: the last mem_len inputs of every layer, gradient-stopped (segment mode, Dai et
+        # al.) or carrying gradients like an RNN state until state.detach() (sliding mode)
+        memory = torch.cat([state.memory, torch.stack(inputs, dim=1)], dim=2)[:, :, keep:]
         y = self.norm(h) if outputs != 0 else h
-        if y.shape[1] < x.shape[1]:
-            y = torch.cat([y.new_zeros(y.shape[0], x.shape[1] - y.shape[1], y.shape[2]), y], 1)
-        return y, XLState(torch.stack(memories, dim=1), key_valid[:, keep:])
+        if y.shape[1] < length:
+            y = torch.cat([y.new_zeros(batch, length - y.shape[1], y.shape[2]), y], 1)
+        valid = key_valid[:, keep:]
+        tag = torch.where(valid.any(1), version, 0)  # a row with no valid slot has nothing cached
+        return y, XLState(memory if self.sliding else memory.detach(), valid, tuple(kvs), tag)
 
-    def forward(self, x: Tensor, state: XLState | None = None, mask: Tensor | None = None):
+    def forward(
+        self, x: Tensor, state: XLState | None = None, mask: Tensor | None = None, done: Tensor | None = None
+    ):
         x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         batch, n = x.shape[:2]
         given_mask = check_mask(mask, "mask", (batch, n))
         state = self._check_state(state, batch, x.device)
-        mask = torch.ones(batch, n, dtype=torch.bool, device=x.device) if given_mask is None else given_mask
+        if done is not None:
+            done = check_done(done, (batch, n))
+            if not self.sliding:
+                raise ValueError("done inside a call needs memory_mode='sliding': with segment recurrence a "
+                                 "query's span depends on where segments are cut (call with the steps up to "
+                                 "each done, then state.reset(done[:, t]), instead)")
         first = 0 if self.config.output_steps is None else max(0, n - self.config.output_steps)
         if first and given_mask is not None and not bool(given_mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
+        # Episode number of each step within the call (dones strictly before it); the memory from the
+        # state belongs to episode 0, the episode running when the call starts.
+        episode = None if done is None else torch.cat(
+            [done.new_zeros(batch, self.mem_len, dtype=torch.long), done.long().cumsum(1) - done.long()], 1)
+        version = self._parameter_version()
         outputs = []
         for start in range(0, n, self.segment_len):
             stop = min(n, start + self.segment_len)
             wanted = None if first <= start else max(0, stop - first)  # outputs of this segment read
-            y, state = self.segment(x[:, start:stop], state, mask[:, start:stop], wanted)
+            keys = None if episode is None else episode[:, start : self.mem_len + stop]
+            segment_mask = None if given_mask is None else given_mask[:, start:stop]
+            y, state = self.segment(x[:, start:stop], state, segment_mask, wanted, keys, version)
             outputs.append(y)
         y = torch.cat(outputs, dim=1)
         if given_mask is not None:
             y = y.masked_fill(~given_mask[..., None], 0.0)
+        if done is not None:  # the slots of ended episodes are emptied, as state.reset would
+            current = episode[:, n:] == done.long().sum(1, keepdim=True)  # the memory's slots: [B, M]
+            valid, ended = state.valid & current, ~current[..., None]
+            state = XLState(state.memory.masked_fill(ended[:, None], 0.0), valid,
+                            tuple(kv.masked_fill(ended, 0.0) for kv in state.kv),
+                            torch.where(valid.any(1), state.kv_version, 0))
         return y, state
 
 
@@ -476,7 +645,8 @@ def build_transformer(dim: int, depth: int, num_heads: int, causal: bool, **opti
 
 @register_model("transformer-xl")
 def build_transformer_xl(dim: int, depth: int, num_heads: int, causal: bool, **options) -> TransformerXL:
-    """Options: ``segment_len`` (64), ``mem_len`` (256), ``ff_mult``, ``dropout``."""
+    """Options: ``segment_len`` (64), ``mem_len`` (256), ``memory_mode`` ("segment" or "sliding"), ``ff_mult``,
+    ``dropout``, ``output_steps``."""
     return TransformerXL(dim=dim, depth=depth, num_heads=num_heads, causal=causal, **options)
 
 
