@@ -1,0 +1,284 @@
+"""The acting and learning paths of every causal core, side by side in one run.
+
+An agent drives its memory core in two ways (docs/design.md, "Episode boundaries"):
+
+* **acting**: one call per environment step, ``x [B, 1, D]`` with the state carried. Each core is
+  first brought to its steady state: ``--fill`` steps (default 1,024, more than every bounded memory
+  here holds) streamed in calls of 64 steps. A timed repeat then runs ``--steps`` consecutive
+  one-step calls from that state under ``torch.inference_mode`` (32 by default: whole chunks of the
+  chunked cores, so a chunk's commit is counted once per chunk, as in acting) and divides by their
+  number; the table shows the median over ``--repeats``, the env-steps per second ``B / seconds``
+  and the ratio to the LSTM's step. Every repeat starts from the same steady state, so memories
+  that grow with time (MemRNN, MemLSTM: every past step) are timed at ``--fill`` steps.
+* **learning**: one call over a stored rollout ``x [B, 128, D]`` from the steady state, forward and
+  backward of ``mean(y^2)``, without and with episode ends inside it (``done``, each step with
+  probability 1/64); the ratio is (with dones) / (without). A core that refuses ``done`` (an
+  exception on the first call) is listed with "no done support yet" and its message.
+
+Cores and options are in ``CORES`` (registry names; Transformer-XL and GTrXL in the agents' sliding
+memory and in the default segment recurrence, memory 64 and 256 steps; HTM holding 256 steps in its
+chunk memory). All cores are timed interleaved (one repeat of each in turn), so a change of the
+machine's load hits every core alike. One thread by default.
+
+    python benchmarks/core_step.py                      # every core, dim 64, depth 2, 4 heads, B = 16
+    python benchmarks/core_step.py --cores lstm htm --repeats 10 --json runs/core_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from chronomem.registry import get_model
+
+REFERENCE = "lstm"  # every ratio of the acting table is to this core's step
+FILL_CALL = 64  # steps per call while filling the memory (a multiple of every chunk size here)
+DONE_PROBABILITY = 1 / 64
+
+
+@dataclass(frozen=True)
+class Core:
+    """One row: a registry model with its builder options; ``label`` says what the options mean."""
+
+    name: str
+    label: str
+    options: dict = field(default_factory=dict)
+
+
+CORES: tuple[Core, ...] = (
+    Core("lstm", "", {}),
+    Core("relevance-rnn", "buffer 10, relevant 15", {"buffer_size": 10, "relevant_size": 15}),
+    Core("relevance-lstm", "buffer 10, relevant 15", {"buffer_size": 10, "relevant_size": 15}),
+    Core("mem-rnn", "every past step", {}),
+    Core("mem-lstm", "every past step", {}),
+    *(
+        Core(name, f"{mode}, memory {span}", {"memory_mode": mode, "mem_len": span, "segment_len": 64})
+        for name in ("transformer-xl", "gtrxl")
+        for mode in ("sliding", "segment")
+        for span in (64, 256)
+    ),
+    Core("tlb", "chunk 16, 32 state slots, 1 self per cross",
+         {"chunk_size": 16, "num_state": 32, "self_per_cross": 1}),
+    Core("htm", "memory 16 x 16 steps, top-4, window 16",
+         {"chunk_size": 16, "memory_size": 16, "top_k": 4, "window": 16}),
+    Core("htm", "memory 16 x 16 steps, top-8, window 64",
+         {"chunk_size": 16, "memory_size": 16, "top_k": 8, "window": 64}),
+)
+
+
+def select_cores(names: list[str] | None) -> list[Core]:
+    """The rows of ``CORES`` whose registry name is in ``names`` (None: all), the reference always first.
+    An unknown name raises ValueError listing the valid ones."""
+    if names is None:
+        return list(CORES)
+    valid = sorted({core.name for core in CORES})
+    unknown = [name for name in names if name not in valid]
+    if unknown:
+        raise ValueError(f"--cores: unknown core(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    wanted = {REFERENCE, *names}
+    return [core for core in CORES if core.name in wanted]
+
+
+def build(core: Core, dim: int, depth: int, heads: int, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return get_model(core.name)(dim, depth, heads, True, **core.options)
+
+
+def steady_state(model, batch: int, dim: int, fill: int, generator: torch.Generator):
+    """The state after ``fill`` random steps, streamed in calls of ``FILL_CALL`` steps, without gradients."""
+    state = None
+    with torch.no_grad():
+        for start in range(0, fill, FILL_CALL):
+            x = torch.randn(batch, min(FILL_CALL, fill - start), dim, generator=generator)
+            _, state = model(x, state=state)
+    return state
+
+
+def time_acting(model, state, inputs: torch.Tensor) -> float:
+    """Seconds per step of ``inputs [steps, B, 1, D]`` fed one call per step from ``state``."""
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for x in inputs:
+            _, state = model(x, state=state)
+        return (time.perf_counter() - start) / len(inputs)
+
+
+def time_learning(model, state, x: torch.Tensor, done: torch.Tensor | None) -> float:
+    """Seconds of one forward + backward of ``mean(y^2)`` over the rollout ``x`` from ``state``."""
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    y, _ = model(x, state=state) if done is None else model(x, state=state, done=done)
+    y.square().mean().backward()
+    return time.perf_counter() - start
+
+
+def _cores_and_states(cores, dim, depth, heads, batch, fill, seed):
+    generator = torch.Generator().manual_seed(seed)
+    models = [build(core, dim, depth, heads, seed) for core in cores]
+    return models, [steady_state(model, batch, dim, fill, generator) for model in models]
+
+
+def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1024, steps=32, repeats=20,
+                seed=0) -> list[dict]:
+    """One row per core: ``ms`` per step (median over repeats), ``env_steps_per_s`` and ``ratio`` to the
+    reference core's ``ms`` (``REFERENCE``, which ``cores`` must hold)."""
+    if not any(core.name == REFERENCE for core in cores):
+        raise ValueError(f"cores must include the reference {REFERENCE!r}")
+    models, states = _cores_and_states(cores, dim, depth, heads, batch, fill, seed)
+    inputs = torch.randn(steps, batch, 1, dim, generator=torch.Generator().manual_seed(seed + 1))
+    seconds = [[] for _ in cores]
+    for repeat in range(repeats + 1):  # the first round is a warm-up
+        for index, model in enumerate(models):
+            t = time_acting(model, states[index], inputs)
+            if repeat:
+                seconds[index].append(t)
+    medians = [statistics.median(s) for s in seconds]
+    reference = medians[next(i for i, core in enumerate(cores) if core.name == REFERENCE)]
+    return [
+        {
+            "core": core.name,
+            "options": core.label,
+            "ms": 1000 * median,
+            "env_steps_per_s": batch / median,
+            "ratio": median / reference,
+        }
+        for core, median in zip(cores, medians)
+    ]
+
+
+def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, length=128, fill=1024, repeats=5,
+                  seed=0) -> list[dict]:
+    """One row per core: ``ms`` of the rollout call without dones, ``ms_done`` with dones and ``ratio``
+    (with / without); ``done_support`` False (``ms_done`` and ``ratio`` None, ``error`` the message)
+    when the core raised on ``done``."""
+    models, states = _cores_and_states(cores, dim, depth, heads, batch, fill, seed)
+    generator = torch.Generator().manual_seed(seed + 2)
+    x = torch.randn(batch, length, dim, generator=generator)
+    done = torch.rand(batch, length, generator=generator) < DONE_PROBABILITY
+    errors: dict[int, str] = {}
+    for index, model in enumerate(models):  # warm-up, and which cores take done
+        time_learning(model, states[index], x, None)
+        try:
+            time_learning(model, states[index], x, done)
+        except (TypeError, ValueError, NotImplementedError) as err:
+            errors[index] = f"{type(err).__name__}: {err}"
+    plain, with_done = [[] for _ in cores], [[] for _ in cores]
+    for _ in range(repeats):
+        for index, model in enumerate(models):
+            plain[index].append(time_learning(model, states[index], x, None))
+            if index not in errors:
+                with_done[index].append(time_learning(model, states[index], x, done))
+    rows = []
+    for index, core in enumerate(cores):
+        ms = 1000 * statistics.median(plain[index])
+        ms_done = None if index in errors else 1000 * statistics.median(with_done[index])
+        rows.append({
+            "core": core.name,
+            "options": core.label,
+            "ms": ms,
+            "ms_done": ms_done,
+            "ratio": None if ms_done is None else ms_done / ms,
+            "done_support": index not in errors,
+            "error": errors.get(index),
+        })
+    return rows
+
+
+def format_acting(rows: list[dict]) -> str:
+    lines = [f"{'core':16s} {'options':42s} {'ms/step':>8s} {'env-steps/s':>12s} {'x lstm':>7s}"]
+    for r in rows:
+        lines.append(f"{r['core']:16s} {r['options']:42s} {r['ms']:8.3f} {r['env_steps_per_s']:12.0f} "
+                     f"{r['ratio']:7.2f}")
+    return "\n".join(lines)
+
+
+def format_learning(rows: list[dict]) -> str:
+    lines = [f"{'core':16s} {'options':42s} {'ms':>8s} {'ms done':>8s} {'ratio':>6s}"]
+    for r in rows:
+        if r["done_support"]:
+            tail = f"{r['ms_done']:8.1f} {r['ratio']:6.2f}"
+        else:
+            tail = f"no done support yet ({r['error'][:60]})"
+        lines.append(f"{r['core']:16s} {r['options']:42s} {r['ms']:8.1f} {tail}")
+    return "\n".join(lines)
+
+
+def load_average() -> str | None:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:  # not Linux
+        return None
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cores", nargs="+", default=None, help="registry names (default: every row of CORES); "
+                   f"{REFERENCE} is always included")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--depth", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--batch", type=int, default=16, help="environments B")
+    p.add_argument("--repeats", type=int, default=20, help="timed repeats of the acting path")
+    p.add_argument("--steps", type=int, default=32, help="consecutive one-step calls per acting repeat")
+    p.add_argument("--fill", type=int, default=1024, help="steps streamed before timing (the steady state)")
+    p.add_argument("--rollout", type=int, default=128, help="steps of the learning call (0: skip it)")
+    p.add_argument("--learn-repeats", type=int, default=5, help="timed repeats of the learning path")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, metavar="OUT", help="write the config and both tables here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    for name in ("dim", "depth", "heads", "batch", "repeats", "steps", "fill", "learn_repeats", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.dim % args.heads:
+        parser.error(f"--heads must divide --dim, got --dim {args.dim} --heads {args.heads}")
+    try:
+        cores = select_cores(args.cores)
+    except ValueError as err:
+        parser.error(str(err))
+    torch.set_num_threads(args.threads)
+    width = dict(dim=args.dim, depth=args.depth, heads=args.heads, batch=args.batch, fill=args.fill, seed=args.seed)
+    start = time.perf_counter()
+    load_before = load_average()
+    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, **width)
+    print(f"acting: x [{args.batch}, 1, {args.dim}], depth {args.depth}, {args.heads} heads, state after "
+          f"{args.fill} steps, {torch.get_num_threads()} thread(s), inference_mode, median of {args.repeats} "
+          f"x {args.steps} steps")
+    print(format_acting(acting))
+    learning = []
+    if args.rollout:
+        learning = learning_rows(cores, length=args.rollout, repeats=args.learn_repeats, **width)
+        print(f"\nlearning: x [{args.batch}, {args.rollout}, {args.dim}] from the state after {args.fill} "
+              f"steps, forward + backward, dones with p = {DONE_PROBABILITY:.4f} per step, median of "
+              f"{args.learn_repeats}")
+        print(format_learning(learning))
+    result = {
+        "config": {**vars(args), "threads": torch.get_num_threads()},
+        "loadavg": {"before": load_before, "after": load_average()},
+        "seconds": round(time.perf_counter() - start, 1),
+        "acting": acting,
+        "learning": learning,
+    }
+    print(f"\nload average before / after: {load_before} / {result['loadavg']['after']}; "
+          f"{result['seconds']:.0f} s")
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
