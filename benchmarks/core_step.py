@@ -148,7 +148,7 @@ def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1
             "env_steps_per_s": batch / median,
             "ratio": median / reference,
         }
-        for core, median in zip(cores, medians)
+        for core, median in zip(cores, medians, strict=True)
     ]
 
 

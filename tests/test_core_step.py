@@ -1,0 +1,107 @@
+"""benchmarks/core_step.py at tiny sizes: the tables' structure, the ratios, cores without ``done``.
+
+No timing is asserted: only what the script computes from its timings.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from chronomem.baselines import LSTM
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "core_step.py"
+spec = importlib.util.spec_from_file_location("core_step", SCRIPT)
+core_step = importlib.util.module_from_spec(spec)
+sys.modules["core_step"] = core_step  # dataclasses look their module up there
+spec.loader.exec_module(core_step)
+
+TINY = dict(dim=16, depth=1, heads=2, batch=2, fill=32)
+
+
+def test_select_cores_keeps_the_reference_and_rejects_unknown_names():
+    cores = core_step.select_cores(["htm"])
+    assert cores[0].name == core_step.REFERENCE
+    assert {core.name for core in cores} == {"lstm", "htm"}
+    assert len(core_step.select_cores(None)) == len(core_step.CORES)
+    with pytest.raises(ValueError, match="--cores: unknown core.*nope.*valid:.*htm"):
+        core_step.select_cores(["nope"])
+
+
+def test_every_core_is_a_registered_causal_model():
+    for core in core_step.CORES:  # builds at a tiny width, so an option a builder dropped fails here
+        model = core_step.build(core, 16, 1, 2)
+        y, _ = model(torch.randn(2, 3, 16))
+        assert y.shape == (2, 3, 16), core
+
+
+def test_acting_rows_structure_and_ratios_to_the_lstm():
+    cores = core_step.select_cores(["relevance-rnn", "transformer-xl"])
+    rows = core_step.acting_rows(cores, steps=2, repeats=2, **TINY)
+    assert [(r["core"], r["options"]) for r in rows] == [(c.name, c.label) for c in cores]
+    reference = next(r for r in rows if r["core"] == "lstm")
+    assert reference["ratio"] == pytest.approx(1.0)
+    for r in rows:
+        assert set(r) == {"core", "options", "ms", "env_steps_per_s", "ratio"}
+        assert r["ms"] > 0
+        assert r["ratio"] == pytest.approx(r["ms"] / reference["ms"])
+        assert r["env_steps_per_s"] == pytest.approx(TINY["batch"] / (r["ms"] / 1000))
+    table = core_step.format_acting(rows).splitlines()
+    assert len(table) == len(rows) + 1 and "ms/step" in table[0]
+
+
+def test_acting_rows_need_the_reference():
+    with pytest.raises(ValueError, match="reference 'lstm'"):
+        core_step.acting_rows([c for c in core_step.CORES if c.name == "mem-rnn"], steps=1, repeats=1, **TINY)
+
+
+class NoDoneLSTM(LSTM):
+    """A core that does not take ``done`` yet."""
+
+    def forward(self, x, state=None, mask=None, done=None):
+        if done is not None:
+            raise TypeError("NoDoneLSTM.forward() got an unexpected keyword argument 'done'")
+        return super().forward(x, state, mask)
+
+
+def test_learning_rows_report_a_core_without_done_instead_of_crashing(monkeypatch):
+    registry_get_model = core_step.get_model
+
+    def get_model(name):
+        if name == "no-done":
+            return lambda dim, depth, heads, causal, **options: NoDoneLSTM(dim=dim, depth=depth)
+        return registry_get_model(name)
+
+    monkeypatch.setattr(core_step, "get_model", get_model)
+    cores = [core_step.CORES[0], core_step.Core("no-done", "raises on done")]
+    rows = core_step.learning_rows(cores, length=8, repeats=2, **TINY)
+    lstm, no_done = rows
+    assert lstm["done_support"] and lstm["error"] is None
+    assert lstm["ratio"] == pytest.approx(lstm["ms_done"] / lstm["ms"])
+    assert not no_done["done_support"]
+    assert no_done["ms_done"] is None and no_done["ratio"] is None and no_done["ms"] > 0
+    assert "unexpected keyword argument 'done'" in no_done["error"]
+    assert "no done support yet" in core_step.format_learning(rows).splitlines()[2]
+
+
+def test_main_writes_both_tables(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    result = core_step.main(["--cores", "mem-rnn", "--dim", "16", "--depth", "1", "--heads", "2", "--batch", "2",
+                             "--repeats", "2", "--steps", "2", "--fill", "16", "--rollout", "8",
+                             "--learn-repeats", "1", "--threads", str(torch.get_num_threads()),
+                             "--json", str(out)])
+    written = json.loads(out.read_text())
+    assert [r["core"] for r in written["acting"]] == ["lstm", "mem-rnn"]
+    assert [r["core"] for r in written["learning"]] == ["lstm", "mem-rnn"]
+    assert written["config"]["dim"] == 16 and "loadavg" in written
+    assert written["acting"] == result["acting"]
+    assert "env-steps/s" in capsys.readouterr().out
+
+
+def test_main_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        core_step.main(["--dim", "10", "--heads", "4"])
+    assert "--heads must divide --dim" in capsys.readouterr().err
