@@ -82,12 +82,15 @@ def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
 def given_config(args: argparse.Namespace, config: type) -> dict[str, typing.Any]:
     """The fields of ``config`` given on the command line, as the config takes them."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config) if getattr(args, f.name) is not None}
-    for name, value in values.items():
-        if isinstance(value, list):
-            values[name] = tuple(value)
-    if values.get("clip") == 0:
-        values["clip"] = None  # --clip 0 disables clipping
-    return values
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
+
+
+def train_values(args: argparse.Namespace) -> dict[str, typing.Any]:
+    """The TrainConfig fields given to ``chronomem train``; ``--clip 0`` is ``clip=None`` (no clipping)."""
+    from chronomem.train import TrainConfig
+
+    values = given_config(args, TrainConfig)
+    return {**values, "clip": None} if values.get("clip") == 0 else values
 
 
 def resumable_fields() -> list[dataclasses.Field]:
@@ -177,19 +180,25 @@ def _resume_settings(args, saved: dict, run_dir: Path) -> None:
 
     spec, train_cfg = saved["spec"], saved["train"]
     model_options, task_options = spec.get("model_options", {}), spec.get("task_options", {})
-    given = {"--model": (args.model, spec.get("model")), "--task": (args.task, spec.get("task"))}
+    given = {}  # each flag given -> (its value, the saved value)
+    for flag, value, saved_value in [("--model", args.model, spec.get("model")),
+                                     ("--task", args.task, spec.get("task"))]:
+        if value is not None:
+            given[flag] = (value, saved_value)
     for flag, (key, _) in MODEL_FLAGS.items():
-        given[flag] = (getattr(args, _dest(flag)), model_options.get(key))
-    values, resumable = given_config(args, TrainConfig), {f.name for f in resumable_fields()}
+        if getattr(args, _dest(flag)) is not None:
+            given[flag] = (getattr(args, _dest(flag)), model_options.get(key))
+    values, resumable = train_values(args), {f.name for f in resumable_fields()}
     for field in dataclasses.fields(TrainConfig):
-        if field.name in values and field.name not in resumable and field.name != "out":
-            value, saved_value = values[field.name], train_cfg.get(field.name)
-            given[config_flag(field)] = (value, tuple(saved_value) if isinstance(saved_value, list) else saved_value)
+        if field.name in values and field.name not in resumable and field.name != "out":  # --out: below
+            saved_value = train_cfg.get(field.name)
+            given[config_flag(field)] = (values[field.name], tuple(saved_value) if isinstance(saved_value, list)
+                                         else saved_value)
     for flag, saved_options in (("--model-opt", model_options), ("--task-opt", task_options)):
         for key, value in _parse_options(getattr(args, _dest(flag)), flag).items():
             given[f"{flag} {key}"] = (value, saved_options.get(key, "(not set)"))
     for flag, (value, saved_value) in given.items():
-        if value is not None and value != saved_value:
+        if value != saved_value:
             shown = "0 (no clipping)" if flag == "--clip" and value is None else value
             raise ValueError(
                 f"{flag} {shown} differs from the resumed run's saved value {saved_value} ({run_dir / 'config.json'}); "
@@ -204,7 +213,7 @@ def cmd_train(args) -> int:
     from chronomem.train import TrainConfig, train_spec
     from chronomem.train.checkpoint import load_config, locate_run
 
-    values = given_config(args, TrainConfig)
+    values = train_values(args)
     if args.resume:
         # The run directory is the one given (or the one holding the checkpoint given), never the `out`
         # saved in its config: a moved or copied run continues where it now is, and no other run is touched.
@@ -252,26 +261,22 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _positive(value: typing.Any, flag: str) -> None:
-    if value is not None and (isinstance(value, bool) or not value > 0 or not math.isfinite(value)):
-        raise ValueError(f"{flag} must be a positive number, got {value}")
-
-
 def cmd_eval(args) -> int:
     from chronomem.train import TrainConfig, evaluate, load_run
-    from chronomem.train.checkpoint import checkpoint_step, find_checkpoint, load_config, locate_run
+    from chronomem.train.checkpoint import checkpoint_step, load_config, locate_run
 
-    _positive(args.examples, "--examples")
-    _positive(args.batch_size, "--batch-size")
+    for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {value}")
     check_device(args.device)
     model, task, _ = load_run(args.run, device=args.device)
     run_dir, checkpoint = locate_run(Path(args.run))
     # By default the run's own evaluation settings: the result is then the run's final test row.
-    saved = TrainConfig(**{**load_config(run_dir)["train"], "out": None, "progress": False})
+    saved = TrainConfig(**load_config(run_dir)["train"])
     examples = args.examples or saved.eval_examples
     metrics = evaluate(model, task, args.batch_size or saved.eval_batch_size or saved.batch_size, examples)
-    step = checkpoint_step(find_checkpoint(checkpoint))
-    print(json.dumps({"run": str(run_dir), "step": step, "split": "test", "examples": examples, **metrics}))
+    print(json.dumps({"run": str(run_dir), "step": checkpoint_step(checkpoint), "split": "test",
+                      "examples": examples, **metrics}))
     return 0
 
 
