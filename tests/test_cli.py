@@ -486,3 +486,12 @@ def test_eval_prints_the_runs_final_test_metrics(tmp_path, capsys):
     for argv, needle in [([str(tmp_path / "nothing")], "config.json"), ([str(run), "--examples", "0"], "--examples"),
                          ([str(run), "--device", "banana"], "--device")]:
         assert_one_line_error(main(["eval", *argv]), capsys, "eval", needle)
+
+
+def test_train_does_not_import_the_experiments():
+    """Only `run` and `list` need the experiments (and, with agents, their environments)."""
+    code = ("import sys; from chronomem.cli import main; "
+            f"code = main(['train', *{TINY!r}, '--steps', '1']); print(code, 'chronomem.experiments' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "0 False"

@@ -349,7 +349,8 @@ def cmd_bench(args, rest: list[str]) -> int:
 class LazyChoices:
     """argparse ``choices`` read from ``load()`` only when a value is checked or the help is shown: the
     list stays where it is defined (the experiments' scales), and building the parser imports nothing
-    heavy (``chronomem train`` never imports the experiments)."""
+    heavy (``chronomem train`` never imports the experiments). Give the argument a ``metavar``:
+    argparse formats one at ``add_argument``, from the choices when there is none."""
 
     def __init__(self, load):
         self.load = load
@@ -405,8 +406,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="reproduce a paper table (chronomem list shows the experiments)")
     r.add_argument("experiment")
-    r.add_argument("--scale", default="quick", choices=LazyChoices(_scales),
-                   help="step counts of the runs (default quick)")
+    r.add_argument("--scale", default="quick", choices=LazyChoices(_scales), metavar="SCALE",
+                   help="%(choices)s: the runs' fixed step counts (default %(default)s)")
     r.add_argument("--out", default=None, help="output directory (default runs/EXPERIMENT)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--models", nargs="+", metavar="NAME", default=None,
