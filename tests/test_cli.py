@@ -337,3 +337,161 @@ def test_run_unknown_model_fails_with_the_valid_ones(experiment, valid, tmp_path
 def test_tour_takes_no_model_list(tmp_path, capsys):
     assert main(["run", "tour", "--scale", "smoke", "--models", "htm", "--out", str(tmp_path / "tour")]) == 2
     assert "tour" in capsys.readouterr().err
+
+
+def test_train_flags_are_built_from_train_config(tmp_path, capsys):
+    import dataclasses
+
+    from chronomem.cli import config_flag, make_parser
+    from chronomem.train import TrainConfig
+    from chronomem.train.loop import SCHEDULES
+
+    train_parser = make_parser()._subparsers._group_actions[0].choices["train"]
+    actions = {a.dest: a for a in train_parser._actions}
+    for field in dataclasses.fields(TrainConfig):
+        assert config_flag(field) in actions[field.name].option_strings and actions[field.name].default is None
+    assert tuple(actions["schedule"].choices) == SCHEDULES and "rsqrt" in SCHEDULES
+    # a flag not given takes TrainConfig's default: the saved settings are the dataclass's own
+    run = tmp_path / "run"
+    assert main(["train", "--model", "lstm", "--task", "copy", "--task-opt", "seq_len=5", "--steps", "1",
+                 "--out", str(run), "--no-progress"]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    defaults = dataclasses.asdict(TrainConfig(steps=1, out=str(run), progress=False))
+    assert saved["train"] == {**defaults, "betas": list(defaults["betas"])}
+    assert {k: saved["spec"]["model_options"][k] for k in ("dim", "depth", "num_heads")} == {
+        "dim": 64, "depth": 2, "num_heads": 4}  # build_model's defaults
+
+
+def test_train_flags_of_every_field_apply_and_resume_checks_them(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", *TINY, "--steps", "2", "--schedule", "rsqrt", "--warmup", "1", "--betas", "0.8", "0.9",
+            "--weight-decay", "0.1", "--log-every", "1", "--clip", "0", "--out", str(run)]
+    assert main(argv) == 0
+    saved = json.loads((run / "config.json").read_text())["train"]
+    assert (saved["schedule"], saved["betas"], saved["weight_decay"], saved["log_every"], saved["clip"]) == (
+        "rsqrt", [0.8, 0.9], 0.1, 1, None)
+    capsys.readouterr()
+    for flags, named in [(["--weight-decay", "0.2"], "--weight-decay 0.2 differs"),
+                         (["--betas", "0.8", "0.99"], "--betas (0.8, 0.99) differs"),
+                         (["--clip", "1"], "--clip 1.0 differs from the resumed run's saved value None")]:
+        assert_one_line_error(main(["train", "--resume", str(run), "--steps", "3", *flags]), capsys, "train", named)
+    run2 = tmp_path / "clipped"
+    assert main(["train", *TINY, "--steps", "1", "--out", str(run2)]) == 0
+    capsys.readouterr()
+    assert_one_line_error(main(["train", "--resume", str(run2), "--steps", "2", "--clip", "0"]), capsys, "train",
+                          "--clip 0 (no clipping) differs from the resumed run's saved value 1.0")
+    # the same values as saved are accepted; --log-every, like --steps, may change
+    assert main(["train", "--resume", str(run), "--steps", "3", "--betas", "0.8", "0.9", "--clip", "0",
+                 "--log-every", "3", "--no-progress"]) == 0
+    assert json.loads((run / "config.json").read_text())["train"]["log_every"] == 3
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "nan", "inf"])
+def test_run_time_budget_must_be_positive(budget, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["run", "copy-baselines", "--scale", "smoke", "--time-budget", budget, "--out", str(out)])
+    assert_one_line_error(code, capsys, "run", "--time-budget must be a positive number of seconds")
+    assert not out.exists()
+
+
+def fake_run_experiment(calls):
+    def run_experiment(experiment, scale, out, **kwargs):
+        calls.append(kwargs)
+        return {"results": {"lstm": {"copy": 50.0}}, "paper": {}, "seconds": 1.0}
+
+    return run_experiment
+
+
+def test_run_time_budget_reaches_run_experiment_only_when_given(tmp_path, capsys, monkeypatch):
+    import chronomem.experiments
+
+    calls = []
+    monkeypatch.setattr(chronomem.experiments, "run_experiment", fake_run_experiment(calls))
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(tmp_path), "--time-budget", "30"]) == 0
+    assert "equal time budget of 30 s per model" in capsys.readouterr().out
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(tmp_path), "--seed", "2"]) == 0
+    assert calls == [{"seed": 0, "models": None, "progress": True, "time_budget": 30.0},
+                     {"seed": 2, "models": None, "progress": True}]
+
+
+def test_run_scales_are_the_experiments_scales(tmp_path, capsys, monkeypatch):
+    import chronomem.experiments
+    from chronomem.experiments.base import SCALES
+
+    calls = []
+    monkeypatch.setattr(chronomem.experiments, "run_experiment", fake_run_experiment(calls))
+    for scale in SCALES:
+        assert main(["run", "copy-baselines", "--scale", scale, "--out", str(tmp_path)]) == 0
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "copy-baselines", "--scale", "huge", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and len(calls) == len(SCALES)
+    err = capsys.readouterr().err
+    assert "invalid choice: 'huge'" in err and all(repr(scale) in err for scale in SCALES)
+
+
+def write_results(path: Path, experiment: str, seed: int, accuracy: float) -> Path:
+    path.mkdir(parents=True)
+    (path / "results.json").write_text(json.dumps({
+        "experiment": experiment, "scale": "smoke", "seed": seed, "seconds": 3.0, "config": {},
+        "results": {"lstm": {"copy": accuracy}}, "paper": {"lstm": {"copy": 99.0}}}))
+    return path / "results.json"
+
+
+def test_report_prints_the_results_page(tmp_path, capsys):
+    from chronomem.report import results_page
+
+    write_results(tmp_path / "runs" / "a", "copy-baselines", 0, 41.5)
+    write_results(tmp_path / "runs" / "b", "copy-baselines", 1, 43.5)
+    write_results(tmp_path / "other", "denoise", 0, 12.0)
+    paths = [str(tmp_path / "runs"), str(tmp_path / "other" / "results.json")]
+    assert main(["report", *paths]) == 0
+    out = capsys.readouterr().out
+    assert out == results_page(paths) and "| lstm | copy | 41.5 | 43.5 | 42.5 | 99.0 |" in out and "denoise" in out
+    assert main(["report", *paths, "--title", "Tonight"]) == 0
+    assert capsys.readouterr().out.startswith("# Tonight\n")
+    page = tmp_path / "docs" / "results.md"
+    assert main(["report", *paths, "--out", str(page)]) == 0
+    assert page.read_text() == out and sorted(p.name for p in page.parent.iterdir()) == ["results.md"]
+    assert capsys.readouterr().out == ""
+
+
+def test_report_bad_paths_are_one_line_errors(tmp_path, capsys):
+    write_results(tmp_path / "good", "copy-baselines", 0, 41.5)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("{not json")
+    (tmp_path / "empty").mkdir()
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [([str(tmp_path / "missing")], "does not exist"), ([str(tmp_path / "bad")], "is not valid JSON"),
+             ([str(tmp_path / "empty")], "no results.json"), ([str(a_file)], "is not valid JSON"),
+             ([str(tmp_path / "good"), "--out", str(tmp_path)], "is a directory, expected a file"),
+             ([str(tmp_path / "good"), "--out", str(a_file / "page.md")], "--out")]
+    for argv, needle in cases:
+        assert_one_line_error(main(["report", *argv]), capsys, "report", needle)
+
+
+def test_eval_prints_the_runs_final_test_metrics(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "4", "--checkpoint-every", "2", "--eval-examples", "48",
+                 "--out", str(run)]) == 0
+    trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["eval", str(run)]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert (evaluated["step"], evaluated["examples"]) == (4, 48)
+    assert (evaluated["loss"], evaluated["accuracy"]) == (trained["loss"], trained["accuracy"])
+    assert main(["eval", str(run / "checkpoints" / "step_00000002"), "--examples", "8", "--batch-size", "3",
+                 "--device", "cpu"]) == 0
+    earlier = json.loads(capsys.readouterr().out)
+    assert (earlier["step"], earlier["examples"]) == (2, 8) and earlier["loss"] != trained["loss"]
+    for argv, needle in [([str(tmp_path / "nothing")], "config.json"), ([str(run), "--examples", "0"], "--examples"),
+                         ([str(run), "--device", "banana"], "--device")]:
+        assert_one_line_error(main(["eval", *argv]), capsys, "eval", needle)
+
+
+def test_train_does_not_import_the_experiments():
+    """Only `run` and `list` need the experiments (and, with agents, their environments)."""
+    code = ("import sys; from chronomem.cli import main; "
+            f"code = main(['train', *{TINY!r}, '--steps', '1']); print(code, 'chronomem.experiments' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "0 False"

@@ -464,3 +464,98 @@ def test_torchrun_two_processes_keep_weights_in_sync(tmp_path):
     assert any(not torch.equal(start[k], w0[k]) for k in w0)  # it trained
     assert (tmp_path / "run" / "checkpoints" / "latest").exists()  # rank 0 wrote the checkpoint
     shutil.rmtree(tmp_path / "run")
+
+
+def test_every_loss_term_reaches_metrics_csv_and_tensorboard(tmp_path, monkeypatch):
+    """A head built with reconstruction=1: its auxiliary loss gets its own metrics.csv column and
+    TensorBoard scalar, beside the task loss; evaluation rows leave the cell empty."""
+    logged = []
+
+    class Writer:  # stands in for TensorBoard's SummaryWriter (the package is optional)
+        def __init__(self, log_dir):
+            pass
+
+        def add_scalar(self, tag, value, step):
+            logged.append((tag, value, step))
+
+        def close(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", type(sys)("fake_tensorboard"))
+    sys.modules["torch.utils.tensorboard"].SummaryWriter = Writer
+    torch.manual_seed(0)
+    model = Tagger(TinyRNN(16), 16, 10, vocab_size=10, reconstruction=1.0)
+    result = train(model, CopyTask(seq_len=4, copy_len=2), config(tmp_path, steps=4, log_every=2, eval_every=2))
+    rows = _metrics_rows(tmp_path)
+    assert list(rows[0]) == ["step", "split", "loss", "accuracy", "lr", "tokens_per_second", "seconds",
+                             "auxiliary_loss"]
+    history = [r for r in result.history if r["split"] == "train"]
+    assert [float(r["auxiliary_loss"]) for r in rows if r["split"] == "train"] == [r["auxiliary_loss"] for r in history]
+    assert all(r["auxiliary_loss"] > 0 for r in history)
+    assert [r["auxiliary_loss"] for r in rows if r["split"] != "train"] == ["", ""]  # val at step 2, test at 4
+    assert [(tag, step) for tag, _, step in logged if tag.endswith("/auxiliary_loss")] == [("train/auxiliary_loss", 2),
+                                                                                           ("train/auxiliary_loss", 4)]
+    assert {tag for tag, _, _ in logged} >= {"train/loss", "train/lr", "val/loss", "test/accuracy"}
+
+
+def test_metrics_csv_widens_for_a_new_column_and_keeps_earlier_rows(tmp_path):
+    from chronomem.train.metrics import MetricsLogger
+
+    logger = MetricsLogger(tmp_path)
+    logger.log({"step": 2, "split": "val", "loss": 1.5, "accuracy": 10.0})  # an evaluation before any training row
+    logger.log({"step": 2, "split": "train", "loss": 1.0, "extra_loss": 0.25, "accuracy": 20.0, "lr": 0.1,
+                "tokens_per_second": 7, "seconds": 0.5})
+    logger.log({"step": 4, "split": "test", "loss": 0.5, "accuracy": 30.0, "seconds": 1.0})
+    logger.close()
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines == ["step,split,loss,accuracy,lr,tokens_per_second,seconds,extra_loss", "2,val,1.5,10.0,,,,",
+                     "2,train,1.0,20.0,0.1,7,0.5,0.25", "4,test,0.5,30.0,,,1.0,"]
+    again = MetricsLogger(tmp_path)  # a resumed run reads the columns back and appends under them
+    again.rewind(3)
+    again.log({"step": 4, "split": "train", "loss": 0.75, "extra_loss": 0.5, "accuracy": 25.0})
+    assert (tmp_path / "metrics.csv").read_text().splitlines()[1:] == [
+        "2,val,1.5,10.0,,,,", "2,train,1.0,20.0,0.1,7,0.5,0.25", "4,train,0.75,25.0,,,,0.5"]
+    fresh = MetricsLogger(tmp_path)  # a new run in the same directory starts the file anew, columns too
+    fresh.rewind(0)
+    fresh.log({"step": 1, "split": "test", "loss": 0.1, "accuracy": 99.0})
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == ["step,split,loss,accuracy", "1,test,0.1,99.0"]
+
+
+def test_resumed_run_with_an_auxiliary_loss_logs_each_step_once(tmp_path):
+    task = CopyTask(seq_len=4, copy_len=2)
+
+    def model():
+        torch.manual_seed(0)
+        return Tagger(TinyRNN(16), 16, 10, vocab_size=10, reconstruction=1.0)
+
+    train(model(), task, config(tmp_path / "full", steps=6, log_every=1))
+    train(model(), task, config(tmp_path / "split", steps=3, log_every=1, checkpoint_every=3))
+    train(model(), task, config(tmp_path / "split", steps=6, log_every=1), resume=tmp_path / "split")
+    full, split = _metrics_rows(tmp_path / "full"), _metrics_rows(tmp_path / "split")
+    assert [(r["step"], r["split"]) for r in split] == [(r["step"], r["split"]) for r in full]
+    for a, b in zip(split, full, strict=True):
+        assert a["auxiliary_loss"] == b["auxiliary_loss"] and a["loss"] == b["loss"]
+
+
+def test_load_run_evaluates_to_the_trainers_final_metrics(tmp_path):
+    from chronomem.train import evaluate, load_run, train_spec
+
+    spec = {"model": "lstm", "model_options": {"dim": 16, "depth": 1}, "task": "copy",
+            "task_options": {"seq_len": 5}}
+    result = train_spec(spec, config(tmp_path, steps=3, checkpoint_every=2, eval_batch_size=16))
+    model, task, loaded_spec = load_run(tmp_path, device="cpu")
+    assert loaded_spec == spec and not model.training
+    torch.testing.assert_close(flat_weights(model), flat_weights(result.model), atol=0, rtol=0)
+    assert evaluate(model, task, 16, 32) == result.metrics
+    at_step_2, _, _ = load_run(tmp_path / "checkpoints" / "step_00000002")
+    assert not torch.equal(flat_weights(at_step_2), flat_weights(model))
+
+
+def test_load_run_errors_are_clear(tmp_path):
+    from chronomem.train import load_run
+
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_run(tmp_path / "nothing")
+    train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path / "bare", steps=1))  # no spec
+    with pytest.raises(CheckpointError, match="names no model and task"):
+        load_run(tmp_path / "bare")

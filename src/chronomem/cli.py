@@ -1,11 +1,15 @@
-"""The ``chronomem`` command: ``list``, ``train``, ``run`` and ``bench``."""
+"""The ``chronomem`` command: ``list``, ``train``, ``eval``, ``run``, ``report`` and ``bench``."""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
+import math
 import sys
+import types
+import typing
 from pathlib import Path
 
 
@@ -37,18 +41,79 @@ def cmd_list(args) -> int:
     return 0
 
 
-# The settings of a new run: flag -> (its TrainConfig field or model option, default). With --resume
-# they come from the run's config.json; giving one with another value than the saved one is an error.
-RUN_SETTINGS = {
-    "--dim": ("dim", 64), "--depth": ("depth", 2), "--heads": ("num_heads", 4),
-    "--batch-size": ("batch_size", 32), "--lr": ("lr", 1e-3), "--optimizer": ("optimizer", "adamw"),
-    "--schedule": ("schedule", "constant"), "--warmup": ("warmup", 0), "--anneal-by": ("anneal_by", "steps"),
-    "--clip": ("clip", 1.0), "--seed": ("seed", 0),
-}
-MODEL_SETTINGS = ("--dim", "--depth", "--heads")
-# What --resume lets change: the length and the budget of the run, how often it evaluates and
-# checkpoints, where it computes and whether it shows progress. None of them changes a step's maths.
-RESUMABLE = ("--steps", "--time-budget", "--eval-every", "--checkpoint-every", "--device", "--no-progress")
+def config_flag(field: dataclasses.Field) -> str:
+    """The flag of a config field: ``--name-with-dashes``, ``--no-name`` for a switch that is on by default."""
+    name = field.name.replace("_", "-")
+    return f"--no-{name}" if field.default is True else f"--{name}"
+
+
+def _flag_type(hint: typing.Any, name: str) -> dict[str, typing.Any]:
+    """argparse's ``type`` (and ``nargs``) for a field annotated ``hint``: int, float, str, ``X | None``
+    (None is the flag not given) or a fixed-length tuple."""
+    present = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(present) == 1:
+        hint = present[0]
+    if typing.get_origin(hint) is tuple and len(set(typing.get_args(hint))) == 1:
+        return {"type": typing.get_args(hint)[0], "nargs": len(typing.get_args(hint))}
+    if hint in (int, float, str):
+        return {"type": hint}
+    raise TypeError(f"config field {name!r}: no command-line flag for its type {hint}")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
+    """One flag per field of the dataclass ``config`` (fields made with ``chronomem.train.loop.setting``):
+    type from the annotation; help, choices and aliases from the field's metadata; the field's default
+    shown in the help. Every flag's own default is None, so that a flag not given is told apart from
+    one given with the default value (``--resume`` needs to know); the dataclass supplies the default."""
+    hints = typing.get_type_hints(config)
+    for field in dataclasses.fields(config):
+        meta, flags = field.metadata, (config_flag(field), *field.metadata.get("aliases", ()))
+        if hints[field.name] is bool:  # a switch: --name turns it on, --no-name off
+            help = f"do not {meta['help']}" if field.default else meta.get("help")
+            parser.add_argument(*flags, dest=field.name, action="store_const", const=not field.default,
+                                default=None, help=help)
+            continue
+        default = " ".join(map(str, field.default)) if isinstance(field.default, tuple) else field.default
+        shown = "" if default is None else f" (default {default})"
+        parser.add_argument(*flags, dest=field.name, default=None, choices=meta.get("choices"),
+                            help=meta.get("help", "") + shown, **_flag_type(hints[field.name], field.name))
+
+
+def given_config(args: argparse.Namespace, config: type) -> dict[str, typing.Any]:
+    """The fields of ``config`` given on the command line, as the config takes them."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config) if getattr(args, f.name) is not None}
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
+
+
+def train_values(args: argparse.Namespace) -> dict[str, typing.Any]:
+    """The TrainConfig fields given to ``chronomem train``; ``--clip 0`` is ``clip=None`` (no clipping)."""
+    from chronomem.train import TrainConfig
+
+    values = given_config(args, TrainConfig)
+    return {**values, "clip": None} if values.get("clip") == 0 else values
+
+
+def resumable_fields() -> list[dataclasses.Field]:
+    """The TrainConfig fields ``--resume`` lets change: the length and the budget of the run, how often it
+    evaluates, logs and checkpoints, where it computes and whether it shows progress. None of them
+    changes a step's maths; any other setting of a resumed run comes from its config.json."""
+    from chronomem.train import TrainConfig
+
+    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("resumable")]
+
+
+# The model's size flags -> build_model's keyword (its default is build_model's) and help.
+MODEL_FLAGS = {"--dim": ("dim", "width"), "--depth": ("depth", "layers"), "--heads": ("num_heads", "attention heads")}
+
+
+def model_defaults() -> dict[str, typing.Any]:
+    """``build_model``'s defaults of the model's size keywords (``MODEL_FLAGS``)."""
+    import inspect
+
+    from chronomem.heads import build_model
+
+    params = inspect.signature(build_model).parameters
+    return {key: params[key].default for key, _ in MODEL_FLAGS.values()}
 
 
 def _dest(flag: str) -> str:
@@ -111,22 +176,33 @@ def check_task_options(task: str, options: dict) -> None:
 
 def _resume_settings(args, saved: dict, run_dir: Path) -> None:
     """Fail on a flag that would change the resumed run's model, task or optimisation (one line each)."""
+    from chronomem.train import TrainConfig
+
     spec, train_cfg = saved["spec"], saved["train"]
     model_options, task_options = spec.get("model_options", {}), spec.get("task_options", {})
-    given = {"--model": (args.model, spec.get("model")), "--task": (args.task, spec.get("task"))}
-    for flag, (key, _) in RUN_SETTINGS.items():
-        value = getattr(args, _dest(flag))
-        if flag == "--clip" and value == 0:
-            value = None  # --clip 0 is saved as clip None
-        given[flag] = (value, model_options.get(key) if flag in MODEL_SETTINGS else train_cfg.get(key))
+    given = {}  # each flag given -> (its value, the saved value)
+    for flag, value, saved_value in [("--model", args.model, spec.get("model")),
+                                     ("--task", args.task, spec.get("task"))]:
+        if value is not None:
+            given[flag] = (value, saved_value)
+    for flag, (key, _) in MODEL_FLAGS.items():
+        if getattr(args, _dest(flag)) is not None:
+            given[flag] = (getattr(args, _dest(flag)), model_options.get(key))
+    values, resumable = train_values(args), {f.name for f in resumable_fields()}
+    for field in dataclasses.fields(TrainConfig):
+        if field.name in values and field.name not in resumable and field.name != "out":  # --out: below
+            saved_value = train_cfg.get(field.name)
+            given[config_flag(field)] = (values[field.name], tuple(saved_value) if isinstance(saved_value, list)
+                                         else saved_value)
     for flag, saved_options in (("--model-opt", model_options), ("--task-opt", task_options)):
         for key, value in _parse_options(getattr(args, _dest(flag)), flag).items():
             given[f"{flag} {key}"] = (value, saved_options.get(key, "(not set)"))
     for flag, (value, saved_value) in given.items():
-        if value is not None and value != saved_value:
+        if value != saved_value:
+            shown = "0 (no clipping)" if flag == "--clip" and value is None else value
             raise ValueError(
-                f"{flag} {value} differs from the resumed run's saved value {saved_value} ({run_dir / 'config.json'}); "
-                f"with --resume only {', '.join(RESUMABLE)} may change"
+                f"{flag} {shown} differs from the resumed run's saved value {saved_value} ({run_dir / 'config.json'}); "
+                f"with --resume only {', '.join(config_flag(f) for f in resumable_fields())} may change"
             )
     if args.out is not None and Path(args.out).resolve() != run_dir.resolve():
         raise ValueError(f"--out {args.out}: a resumed run writes only into its own directory, {run_dir}; "
@@ -137,6 +213,7 @@ def cmd_train(args) -> int:
     from chronomem.train import TrainConfig, train_spec
     from chronomem.train.checkpoint import load_config, locate_run
 
+    values = train_values(args)
     if args.resume:
         # The run directory is the one given (or the one holding the checkpoint given), never the `out`
         # saved in its config: a moved or copied run continues where it now is, and no other run is touched.
@@ -144,10 +221,9 @@ def cmd_train(args) -> int:
         saved = load_config(run_dir)
         _resume_settings(args, saved, run_dir)
         spec, train_cfg = saved["spec"], dict(saved["train"])
-        for flag in RESUMABLE[:-1]:
-            if getattr(args, _dest(flag)) is not None:
-                train_cfg[_dest(flag)] = getattr(args, _dest(flag))
-        train_cfg.update(out=str(run_dir), progress=not args.no_progress)
+        train_cfg.update({f.name: values[f.name] for f in resumable_fields() if f.name in values})
+        # progress belongs to this command, not to the run: shown unless --no-progress is given again
+        train_cfg.update(out=str(run_dir), progress=values.get("progress", True))
         cfg = TrainConfig(**train_cfg)
         check_device(cfg.device)
         result = train_spec(spec, cfg, resume=checkpoint)  # a run killed before its first checkpoint restarts
@@ -157,9 +233,10 @@ def cmd_train(args) -> int:
         from chronomem.registry import get_model, get_task
 
         get_model(args.model), get_task(args.task)  # unknown names fail here, listing the valid ones
-        settings = {flag: default if getattr(args, _dest(flag)) is None else getattr(args, _dest(flag))
-                    for flag, (_, default) in RUN_SETTINGS.items()}
-        dim, depth, heads = (settings[flag] for flag in MODEL_SETTINGS)
+        size = model_defaults()
+        size.update({key: getattr(args, _dest(flag)) for flag, (key, _) in MODEL_FLAGS.items()
+                     if getattr(args, _dest(flag)) is not None})
+        dim, depth, heads = size["dim"], size["depth"], size["num_heads"]
         if dim < 1 or depth < 1 or heads < 1:
             raise ValueError(f"--dim, --depth and --heads must be >= 1, got {dim}, {depth}, {heads}")
         if dim % heads:
@@ -168,18 +245,11 @@ def cmd_train(args) -> int:
         check_task_options(args.task, task_options)
         spec = {
             "model": args.model,
-            "model_options": {"dim": dim, "depth": depth, "num_heads": heads,
-                              **_parse_options(args.model_opt, "--model-opt")},
+            "model_options": {**size, **_parse_options(args.model_opt, "--model-opt")},
             "task": args.task,
             "task_options": task_options,
         }
-        optimisation = {RUN_SETTINGS[flag][0]: value for flag, value in settings.items() if flag not in MODEL_SETTINGS}
-        optimisation["clip"] = optimisation["clip"] or None  # --clip 0 disables clipping
-        cfg = TrainConfig(
-            steps=1000 if args.steps is None else args.steps, eval_every=args.eval_every or 0,
-            checkpoint_every=args.checkpoint_every or 0, time_budget=args.time_budget, out=args.out,
-            device=args.device, progress=not args.no_progress, **optimisation,
-        )
+        cfg = TrainConfig(**values)
         check_device(cfg.device)
         if args.out is not None:
             out = check_out_dir(args.out)
@@ -191,16 +261,68 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from chronomem.train import TrainConfig, evaluate, load_run
+    from chronomem.train.checkpoint import checkpoint_step, load_config, locate_run
+
+    for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {value}")
+    check_device(args.device)
+    model, task, _ = load_run(args.run, device=args.device)
+    run_dir, checkpoint = locate_run(Path(args.run))
+    # By default the run's own evaluation settings: the result is then the run's final test row.
+    saved = TrainConfig(**load_config(run_dir)["train"])
+    examples = args.examples or saved.eval_examples
+    metrics = evaluate(model, task, args.batch_size or saved.eval_batch_size or saved.batch_size, examples)
+    print(json.dumps({"run": str(run_dir), "step": checkpoint_step(checkpoint), "split": "test",
+                      "examples": examples, **metrics}))
+    return 0
+
+
+def write_output(path: str | Path, text: str, flag: str = "--out") -> Path:
+    """Write ``text`` to the file ``path`` atomically (a reader never sees half of it), creating its directory."""
+    from chronomem.train.checkpoint import write_text_atomic
+
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory, expected a file")
+    check_out_dir(path.parent, flag).mkdir(parents=True, exist_ok=True)
+    try:
+        write_text_atomic(path, text)
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot write ({err.strerror or err})") from None
+    return path
+
+
+def cmd_report(args) -> int:
+    from chronomem.report import results_page
+
+    try:
+        page = results_page(args.paths, **({} if args.title is None else {"title": args.title}))
+    except OSError as err:  # e.g. an unreadable results.json
+        raise ValueError(f"cannot read {err.filename}: {err.strerror or err}") from None
+    if args.out is None:
+        sys.stdout.write(page)
+    else:
+        print(f"wrote {write_output(args.out, page)}", file=sys.stderr)
+    return 0
+
+
 def cmd_run(args) -> int:
     from chronomem.experiments import run_experiment
     from chronomem.experiments.base import comparison_table
     from chronomem.registry import get_experiment
 
+    if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
+        raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     experiment = get_experiment(args.experiment)
     out = check_out_dir(args.out or f"runs/{args.experiment}")
+    budget = {} if args.time_budget is None else {"time_budget": args.time_budget}
     results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models,
-                             progress=not args.quiet)
-    print(f"\n{experiment.name} ({args.scale}): ours (paper) — {experiment.metric}\n")
+                             progress=not args.quiet, **budget)
+    equal_time = "" if args.time_budget is None else f", equal time budget of {args.time_budget:g} s per model"
+    print(f"\n{experiment.name} ({args.scale}{equal_time}): ours (paper) — {experiment.metric}\n")
     print(comparison_table(results["results"], results["paper"]))
     print(f"\n{results['seconds']:.0f} s; wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'results.png'}")
     return 0
@@ -224,54 +346,86 @@ def cmd_bench(args, rest: list[str]) -> int:
     return bench.main(rest)
 
 
+class LazyChoices:
+    """argparse ``choices`` read from ``load()`` only when a value is checked or the help is shown: the
+    list stays where it is defined (the experiments' scales), and building the parser imports nothing
+    heavy (``chronomem train`` never imports the experiments). Give the argument a ``metavar``:
+    argparse formats one at ``add_argument``, from the choices when there is none."""
+
+    def __init__(self, load):
+        self.load = load
+
+    def __iter__(self):
+        return iter(tuple(self.load()))
+
+    def __contains__(self, value) -> bool:
+        return value in tuple(self.load())
+
+
+def _scales():
+    from chronomem.experiments.base import SCALES
+
+    return SCALES
+
+
 def make_parser() -> argparse.ArgumentParser:
+    from chronomem.train import TrainConfig
+
     parser = argparse.ArgumentParser(prog="chronomem", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list models, tasks and experiments")
 
+    resumable = ", ".join(config_flag(f) for f in resumable_fields())
     t = sub.add_parser(
         "train", help="train one model on one task",
         description="Train one model on one task. With --resume DIR the run continues in DIR (a run "
-        f"directory or one of its checkpoints/step_N) with its saved settings; only {', '.join(RESUMABLE)} "
+        f"directory or one of its checkpoints/step_N) with its saved settings; only {resumable} "
         "may be given, any other flag must match the saved value.",
     )
     t.add_argument("--model", help="model name (chronomem list)")
     t.add_argument("--task", help="task name (chronomem list)")
     t.add_argument("--model-opt", action="append", metavar="KEY=VALUE", help="backbone option, repeatable")
     t.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, repeatable")
-    t.add_argument("--dim", type=int, help="width (default 64)")
-    t.add_argument("--depth", type=int, help="layers (default 2)")
-    t.add_argument("--heads", type=int, help="attention heads (default 4)")
-    t.add_argument("--steps", type=int, default=None,
-                   help="training steps (default 1000; with --resume: the new total, to extend a run)")
-    t.add_argument("--batch-size", type=int, help="default 32")
-    t.add_argument("--lr", type=float, help="default 1e-3")
-    t.add_argument("--optimizer", choices=["adamw", "rmsprop"], help="default adamw")
-    t.add_argument("--schedule", choices=["constant", "linear", "cosine"], help="default constant")
-    t.add_argument("--warmup", type=int, help="warmup steps (default 0)")
-    t.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                   help="stop after this many seconds of training (counted across --resume)")
-    t.add_argument("--anneal-by", choices=["steps", "budget"],
-                   help="decay the schedule over the steps (default), or over the time budget when that runs out first")
-    t.add_argument("--clip", type=float, help="gradient-norm clip (default 1.0; 0 disables)")
-    t.add_argument("--eval-every", type=int, help="steps between validations (default 0: only the final test)")
-    t.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 0: only the final one)")
-    t.add_argument("--seed", type=int, help="default 0")
-    t.add_argument("--out", help="run directory (checkpoints, metrics.csv, config.json)")
+    defaults = model_defaults()
+    for flag, (key, what) in MODEL_FLAGS.items():
+        t.add_argument(flag, type=int, help=f"{what} (default {defaults[key]})")
+    add_config_flags(t, TrainConfig)
     t.add_argument("--resume", metavar="DIR",
                    help="continue the run in DIR (a run directory or DIR/checkpoints/step_N), writing only into it")
-    t.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    t.add_argument("--no-progress", "--quiet", action="store_true", help="no progress bar or lines")
+
+    e = sub.add_parser(
+        "eval", help="evaluate a trained run on its task's test set, printed as JSON",
+        description="Load a trained run (a run directory: its newest checkpoint; or RUN/checkpoints/step_N) "
+        "and evaluate it on its task's test set. With the run's own --examples and --batch-size (the "
+        "default) the numbers are the run's final test metrics.",
+    )
+    e.add_argument("run", metavar="RUN", help="a run directory or one of its checkpoints")
+    e.add_argument("--examples", type=int, help="test examples (default: the run's eval_examples)")
+    e.add_argument("--batch-size", type=int, help="default: the run's evaluation batch size")
+    e.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
 
     r = sub.add_parser("run", help="reproduce a paper table (chronomem list shows the experiments)")
     r.add_argument("experiment")
-    r.add_argument("--scale", default="quick", choices=["smoke", "quick", "paper"])
+    r.add_argument("--scale", default="quick", choices=LazyChoices(_scales), metavar="SCALE",
+                   help="%(choices)s: the runs' fixed step counts (default %(default)s)")
     r.add_argument("--out", default=None, help="output directory (default runs/EXPERIMENT)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--models", nargs="+", metavar="NAME", default=None,
                    help="run only these of the experiment's models (default: all of the scale's models)")
+    r.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="give every model the same wall-clock training budget instead of the scale's fixed "
+                   "step counts (an equal-time comparison; its numbers depend on the machine and its load)")
     r.add_argument("--quiet", action="store_true",
                    help="no progress (by default: a bar per model and seed on a terminal, else a line every ~10 s)")
+
+    p = sub.add_parser(
+        "report", help="the results page (Markdown) of runs' results.json",
+        description="Render every results.json under the given paths (files or directories) as one Markdown "
+        "page: chronomem report runs/ > docs/results.md",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a results.json or a directory searched for them")
+    p.add_argument("--title", default=None, help="the page's title (default: Measured results)")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (atomically), not stdout")
 
     sub.add_parser("bench", help="time and memory scaling benchmark (chronomem bench --help)", add_help=False)
     return parser
@@ -287,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         if command == "bench":
             return cmd_bench(None, argv[1:])
         args = parser.parse_args(argv)
-        return {"list": cmd_list, "train": cmd_train, "run": cmd_run}[args.command](args)
+        commands = {"list": cmd_list, "train": cmd_train, "eval": cmd_eval, "run": cmd_run, "report": cmd_report}
+        return commands[args.command](args)
     except (ValueError, TypeError, CheckpointError) as err:
         message = " ".join(str(err).split()) or type(err).__name__  # one line, as argparse's errors
         print(f"chronomem {command}: error: {message}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Names -> constructors for models, tasks and experiments (``chronomem list`` prints them).
 
 Modules register themselves with the decorators below; ``_load()`` imports every module that does,
-so a name is known as soon as anything asks the registry.
+so a name is known as soon as anything asks the registry. Asking for a model or a task imports the
+models and tasks only; the experiments are imported when an experiment (or ``names()``) is asked for.
 
 A model builder is ``builder(dim, depth, num_heads, causal, **options) -> backbone`` where a backbone
 follows the convention of ``chronomem.heads`` (``y, state = backbone(x [B, N, dim], state, mask)``).
@@ -19,7 +20,8 @@ MODELS: dict[str, Callable[..., Any]] = {}
 TASKS: dict[str, Callable[..., Any]] = {}
 EXPERIMENTS: dict[str, Any] = {}
 
-# Every module that registers something. Keep in dependency order (models, tasks, experiments).
+# Every module that registers a model or a task. Experiments are loaded apart, only when one is asked
+# for: they import the trainer and (agents) their environments, which a model or a task never needs.
 _MODULES = (
     "chronomem.baselines",
     "chronomem.relevance",
@@ -27,17 +29,17 @@ _MODULES = (
     "chronomem.tlb",
     "chronomem.blrp",
     "chronomem.tasks",
-    "chronomem.experiments",
 )
-_loaded = False
+_EXPERIMENTS = "chronomem.experiments"
+_loaded: set[str] = set()
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for name in _MODULES:
+def _load(experiments: bool = False) -> None:
+    """Import the modules that register models and tasks (and, with ``experiments``, the experiments)."""
+    for name in (*_MODULES, *((_EXPERIMENTS,) if experiments else ())):
+        if name in _loaded:
+            continue
+        _loaded.add(name)
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as err:  # a mechanism not written yet; any other missing import is a bug
@@ -69,7 +71,7 @@ def register_experiment(experiment):
 
 
 def _lookup(table: dict[str, Any], kind: str, name: str):
-    _load()
+    _load(experiments=table is EXPERIMENTS)
     if name not in table:
         raise ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(sorted(table))}")
     return table[name]
@@ -88,5 +90,5 @@ def get_experiment(name: str):
 
 
 def names() -> dict[str, list[str]]:
-    _load()
+    _load(experiments=True)
     return {"models": sorted(MODELS), "tasks": sorted(TASKS), "experiments": sorted(EXPERIMENTS)}

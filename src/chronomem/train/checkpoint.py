@@ -184,30 +184,39 @@ def _reason(err: Exception) -> str:
     return f"{type(err).__name__}: {text.split('. ')[0].rstrip('.')}"
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, map_location="cpu") -> dict[str, Any]:
-    """Load weights into ``model`` and return the trainer state. Raises ``CheckpointError`` clearly."""
-    ckpt = find_checkpoint(path)
+def _intact_hint(ckpt: Path) -> str:
+    """Where to resume from instead when ``ckpt`` is damaged: the run's other complete checkpoints."""
     others = [p for p in list_checkpoints(ckpt.parent) if p != ckpt]
-    hint = ""
-    if others:
-        run = ckpt.parent.parent
-        hint = (f"; an earlier checkpoint may be intact: resume from it with --resume "
-                f"{' or '.join(str(run / 'checkpoints' / p.name) for p in reversed(others))}")
+    if not others:
+        return ""
+    run = ckpt.parent.parent
+    return (f"; an earlier checkpoint may be intact: resume from it with --resume "
+            f"{' or '.join(str(run / 'checkpoints' / p.name) for p in reversed(others))}")
+
+
+def load_weights(path: Path, model: torch.nn.Module) -> Path:
+    """Load the weights of a checkpoint (or of a run directory's newest one) into ``model``, safely
+    (safetensors); returns the checkpoint directory. Raises ``CheckpointError`` clearly."""
+    ckpt = find_checkpoint(path)
     try:
         missing, unexpected = load_model(model, str(ckpt / "model.safetensors"), strict=False)
     except Exception as err:  # safetensors raises several types for truncated files
-        raise CheckpointError(
-            f"cannot read weights {ckpt / 'model.safetensors'}: truncated or corrupt ({_reason(err)}){hint}"
-        ) from err
+        raise CheckpointError(f"cannot read weights {ckpt / 'model.safetensors'}: truncated or corrupt "
+                              f"({_reason(err)}){_intact_hint(ckpt)}") from err
     if missing or unexpected:
         raise CheckpointError(
             f"weights in {ckpt} do not match the model: missing {sorted(missing)[:5]}, unexpected "
             f"{sorted(unexpected)[:5]}"
         )
+    return ckpt
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, map_location="cpu") -> dict[str, Any]:
+    """Load weights into ``model`` and return the trainer state. Raises ``CheckpointError`` clearly."""
+    ckpt = load_weights(path, model)
     try:
         state = torch.load(ckpt / "trainer.pt", map_location=map_location, weights_only=True)
     except Exception as err:
-        raise CheckpointError(
-            f"cannot read trainer state {ckpt / 'trainer.pt'}: truncated or corrupt ({_reason(err)}){hint}"
-        ) from err
+        raise CheckpointError(f"cannot read trainer state {ckpt / 'trainer.pt'}: truncated or corrupt "
+                              f"({_reason(err)}){_intact_hint(ckpt)}") from err
     return state

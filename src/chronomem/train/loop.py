@@ -19,7 +19,17 @@ import torch
 from torch import nn
 
 from chronomem.train import distributed, progress
-from chronomem.train.checkpoint import find_checkpoint, load_checkpoint, rewind, save_checkpoint, save_config
+from chronomem.train.checkpoint import (
+    CheckpointError,
+    find_checkpoint,
+    load_checkpoint,
+    load_config,
+    load_weights,
+    locate_run,
+    rewind,
+    save_checkpoint,
+    save_config,
+)
 from chronomem.train.metrics import MetricsLogger, loss_and_accuracy
 
 OPTIMIZERS = ("adamw", "rmsprop")
@@ -27,33 +37,49 @@ SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
 ANNEAL_BY = ("steps", "budget")
 
 
+def setting(default: Any, help: str, *, choices: tuple[str, ...] | None = None, resumable: bool = False,
+            aliases: tuple[str, ...] = ()) -> Any:
+    """A ``TrainConfig`` field that carries its ``chronomem train`` flag: the CLI builds the flag from the
+    field's name, type and default, so every default is written once, here.
+
+    ``help`` describes the flag (the CLI appends the default), ``choices`` its valid values,
+    ``resumable`` lets ``--resume`` change it (it changes no step's maths), ``aliases`` are other
+    spellings of the flag."""
+    return field(default=default, metadata={"help": help, "choices": choices, "resumable": resumable,
+                                            "aliases": aliases})
+
+
 @dataclass
 class TrainConfig:
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 1e-3
-    optimizer: str = "adamw"
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    momentum: float = 0.0  # RMSprop only
-    warmup: int = 0
-    schedule: str = "constant"
-    clip: float | None = 1.0
-    eval_every: int = 0  # 0: evaluate only at the end
-    eval_examples: int = 512
-    eval_batch_size: int | None = None
-    log_every: int = 10
-    checkpoint_every: int = 0  # 0: only the final checkpoint (when out is set)
-    seed: int = 0
-    out: str | None = None
-    time_budget: float | None = None  # seconds of training; stops early (and says so) when exceeded
+    steps: int = setting(1000, "training steps; with --resume the new total, to extend a run", resumable=True)
+    batch_size: int = setting(32, "sequences per step (per process)")
+    lr: float = setting(1e-3, "peak learning rate")
+    optimizer: str = setting("adamw", "optimizer", choices=OPTIMIZERS)
+    weight_decay: float = setting(0.0, "weight decay (AdamW: decoupled)")
+    betas: tuple[float, float] = setting((0.9, 0.999), "AdamW's betas")
+    eps: float = setting(1e-8, "the optimizer's epsilon")
+    momentum: float = setting(0.0, "RMSprop's momentum")
+    warmup: int = setting(0, "linear warmup steps")
+    schedule: str = setting("constant", "learning-rate decay after the warmup (rsqrt: lr * sqrt(warmup / step))",
+                            choices=SCHEDULES)
+    clip: float | None = setting(1.0, "gradient-norm clip; None (on the command line 0) disables it")
+    eval_every: int = setting(0, "steps between validations (0: only the final test)", resumable=True)
+    eval_examples: int = setting(512, "examples of each evaluation", resumable=True)
+    eval_batch_size: int | None = setting(None, "batch size of evaluations (default: the batch size)",
+                                          resumable=True)
+    log_every: int = setting(10, "steps between logged training rows", resumable=True)
+    checkpoint_every: int = setting(0, "steps between checkpoints (0: only the final one)", resumable=True)
+    seed: int = setting(0, "seed of the weights and of every batch")
+    out: str | None = setting(None, "run directory (config.json, metrics.csv, checkpoints)")
+    time_budget: float | None = setting(
+        None, "seconds of training after which the run stops (counted across --resume)", resumable=True)
     # What a decaying schedule counts down: "steps" (to ``steps``), or "budget": whichever of the step
     # count and the fraction of ``time_budget`` spent is further along, so that a run cut by its
     # wall-clock budget also ends at lr 0 (budgeted training, as in Li et al. 2020, "Budgeted training").
-    anneal_by: str = "steps"
-    progress: bool = True
-    device: str | None = None
+    anneal_by: str = setting("steps", "decay the schedule over the steps, or over the time budget when that "
+                             "runs out first", choices=ANNEAL_BY)
+    progress: bool = setting(True, "show a progress bar or lines on stderr", resumable=True, aliases=("--quiet",))
+    device: str | None = setting(None, "cpu, cuda, cuda:1 ... (default: cuda if available)", resumable=True)
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -124,6 +150,17 @@ def make_scheduler(
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def loss_terms(model: nn.Module, task_loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The terms a training step minimises (their sum), each logged under its name: the task's
+    ``loss`` and, when the model produced one this step, its ``auxiliary_loss`` (e.g. the heads'
+    weighted input reconstruction, ``chronomem.heads``)."""
+    terms = {"loss": task_loss}
+    auxiliary = getattr(model, "auxiliary_loss", None)
+    if auxiliary is not None:
+        terms["auxiliary_loss"] = auxiliary
+    return terms
 
 
 def batch_generator(seed: int, rank: int, step: int) -> torch.Generator:
@@ -213,7 +250,7 @@ def train(
                                  show and ctx.is_main, cfg.time_budget, seconds_before)
     t0 = time.perf_counter()
     window_tokens, window_start = 0, time.perf_counter()
-    window_steps, run_loss, run_correct, run_count, run_auxiliary = 0, 0.0, 0.0, 0.0, 0.0
+    window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
     stopped_early = False
     step = start_step
     model.train()
@@ -221,9 +258,9 @@ def train(
         batch = task.sample(cfg.batch_size, batch_generator(cfg.seed, ctx.rank, step)).to(device)
         logits, _ = ddp_model(batch.inputs, mask=batch.mask)
         loss, correct, count = loss_and_accuracy(logits, batch, task.kind)
-        auxiliary = getattr(model, "auxiliary_loss", None)  # e.g. the heads' input reconstruction
+        terms = loss_terms(model, loss)
         optimizer.zero_grad(set_to_none=True)
-        (loss if auxiliary is None else loss + auxiliary).backward()
+        sum(terms.values()).backward()
         if cfg.clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
@@ -232,29 +269,30 @@ def train(
             trained = float(distributed.all_reduce_mean(torch.tensor([trained], device=device), ctx)[0])
         scheduler.step()
         step += 1
-        run_loss, run_correct, run_count = run_loss + loss.item(), run_correct + int(correct), run_count + int(count)
-        run_auxiliary += 0.0 if auxiliary is None else auxiliary.item()
+        for name, value in terms.items():
+            run_terms[name] = run_terms.get(name, 0.0) + value.item()
+        run_correct, run_count = run_correct + int(correct), run_count + int(count)
         window_tokens += batch.num_tokens * ctx.world_size
         window_steps += 1
         logged = None
         if step % cfg.log_every == 0 or step == cfg.steps:
+            # Every rank produces the same terms (one model), so their means reduce in one tensor.
             stats = distributed.all_reduce_mean(torch.tensor(
-                [run_loss / window_steps, 100.0 * run_correct / max(1.0, run_count), run_auxiliary / window_steps],
+                [*(total / window_steps for total in run_terms.values()), 100.0 * run_correct / max(1.0, run_count)],
                 device=device,  # NCCL reduces only tensors on the GPU
-            ), ctx).cpu()
+            ), ctx).cpu().tolist()
             elapsed = time.perf_counter() - window_start
             row = {
-                "step": step, "split": "train", "loss": round(float(stats[0]), 5),
-                "accuracy": round(float(stats[1]), 3), "lr": scheduler.get_last_lr()[0],
+                "step": step, "split": "train",
+                **{name: round(mean, 5) for name, mean in zip(run_terms, stats[:-1], strict=True)},
+                "accuracy": round(stats[-1], 3), "lr": scheduler.get_last_lr()[0],
                 "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)),
                 "seconds": round(trained, 2),  # training seconds since the run began, across resumes
             }
-            if auxiliary is not None:  # the weighted auxiliary loss, logged apart from the task loss
-                row["auxiliary_loss"] = round(float(stats[2]), 5)
             history.append(row)
             logger.log(row)
             logged = row
-            window_steps, run_loss, run_correct, run_count, run_auxiliary = 0, 0.0, 0.0, 0.0, 0.0
+            window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
             window_tokens, window_start = 0, time.perf_counter()
         reporter.update(step, *((logged["loss"], logged["accuracy"]) if logged else ()))
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and ctx.is_main:
@@ -306,3 +344,23 @@ def train_spec(spec: dict[str, Any], cfg: TrainConfig, resume: str | Path | None
     torch.manual_seed(cfg.seed)
     model, task = build(spec)
     return train(model, task, cfg, spec=spec, resume=resume)
+
+
+def load_run(path: str | Path, device: str | torch.device | None = None) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """``(model, task, spec)`` of a trained run, the model in eval mode on ``device`` (default: cuda if
+    available). ``path`` is a run directory (its newest checkpoint is loaded) or one of its
+    checkpoints, ``RUN/checkpoints/step_N``. The model and task are rebuilt from the spec in
+    ``RUN/config.json``; the weights are read with safetensors (never unpickled).
+
+    Evaluating the model on the task (``evaluate``, with the run's ``eval_examples`` and batch size)
+    gives the run's final test metrics."""
+    run_dir, checkpoint = locate_run(Path(path))
+    spec = load_config(run_dir).get("spec") or {}
+    if "model" not in spec or "task" not in spec:
+        raise CheckpointError(f"{run_dir / 'config.json'} names no model and task (trained by train() without "
+                              "spec=...): build the model yourself and load its weights with load_checkpoint")
+    if checkpoint is None:
+        raise CheckpointError(f"no checkpoint in {run_dir}: expected {run_dir / 'checkpoints' / 'step_N'}")
+    model, task = build(spec)
+    load_weights(checkpoint, model)
+    return model.to(distributed.default_device(device)).eval(), task, spec

@@ -36,8 +36,23 @@ def loss_and_accuracy(logits: Tensor, batch, kind: str) -> tuple[Tensor, Tensor,
     return loss, (hits & score_mask).sum(), score_mask.sum()
 
 
+# The columns every run has lead metrics.csv, in this order; any other column (a loss term such as the
+# heads' ``auxiliary_loss``) follows them in the order it first appeared.
+LEADING_COLUMNS = ("step", "split", "loss", "accuracy", "lr", "tokens_per_second", "seconds")
+
+
+def column_order(columns) -> list[str]:
+    """``columns`` (in the order first seen) in metrics.csv's order: ``LEADING_COLUMNS`` first."""
+    columns = list(dict.fromkeys(columns))
+    return sorted(columns, key=lambda c: (LEADING_COLUMNS.index(c) if c in LEADING_COLUMNS
+                                          else len(LEADING_COLUMNS) + columns.index(c)))
+
+
 class MetricsLogger:
-    """Appends rows to ``metrics.csv`` (columns fixed by the first row) and to TensorBoard if installed."""
+    """Appends rows to ``metrics.csv`` and, if installed, to TensorBoard: every value of every row.
+
+    The columns are the keys the rows have had (``column_order``); a row with a new key widens the
+    file (rewritten atomically, earlier rows get an empty cell), so a loss term is never dropped."""
 
     def __init__(self, run_dir: Path | None, enabled: bool = True):
         self.path = None if run_dir is None or not enabled else Path(run_dir) / "metrics.csv"
@@ -57,41 +72,60 @@ class MetricsLogger:
         except Exception:
             self.tb = None
 
+    def _rows(self) -> list[list[str]]:
+        with open(self.path, newline="") as f:
+            return list(csv.reader(f))
+
+    def _replace(self, rows: list[list[str]]) -> None:
+        """Write ``rows`` (header first) as the whole file, atomically."""
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
     def rewind(self, step: int) -> None:
         """Continue the log of a run resumed at ``step``: drop the rows written after that checkpoint by the
         interrupted run (they are logged again) and its final test row at ``step``, so the file reads as
         one uninterrupted run: no step logged twice. The file is replaced atomically."""
         if self.path is None or not self.path.exists():
             return
-        with open(self.path, newline="") as f:
-            rows = list(csv.reader(f))
+        rows = self._rows()
         if not rows:
             return
         header, body = rows[0], rows[1:]
         at, split = header.index("step"), header.index("split")
         kept = [r for r in body if int(r[at]) < step or (int(r[at]) == step and r[split] != "test")]
-        if len(kept) == len(body):
-            return
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
-            csv.writer(f).writerows([header, *kept])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        if not kept:  # nothing before ``step`` (a new run): the file starts anew, columns included
+            self.path.unlink()
+            self.fields = None
+        elif len(kept) != len(body):
+            self._replace([header, *kept])
+
+    def _widen(self, fields: list[str]) -> None:
+        """Make ``fields`` the header; the rows already written keep their values under their columns."""
+        if self.fields is not None and self.path.exists():
+            rows = self._rows()
+            old = rows[0] if rows else self.fields
+            body = [dict(zip(old, r, strict=False)) for r in rows[1:]]
+            self._replace([fields, *([r.get(c, "") for c in fields] for r in body)])
+        else:
+            with open(self.path, "w", newline="") as f:
+                csv.writer(f).writerow(fields)
+        self.fields = fields
 
     def log(self, row: dict) -> None:
         if self.path is None:
             return
-        if self.fields is None:
-            self.fields = ["step", "split", "loss", "accuracy", "lr", "tokens_per_second", "seconds"]
-            with open(self.path, "w", newline="") as f:
-                csv.writer(f).writerow(self.fields)
+        if self.fields is None or not set(row) <= set(self.fields):
+            self._widen(column_order([*(self.fields or []), *row]))
         with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, self.fields, extrasaction="ignore").writerow(row)
+            csv.DictWriter(f, self.fields, restval="").writerow(row)
         if self.tb is not None:
-            for key in ("loss", "accuracy", "lr", "tokens_per_second"):
-                if row.get(key) is not None:
-                    self.tb.add_scalar(f"{row['split']}/{key}", row[key], row["step"])
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tb.add_scalar(f"{row['split']}/{key}", value, row["step"])
 
     def close(self) -> None:
         if self.tb is not None:

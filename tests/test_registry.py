@@ -1,0 +1,33 @@
+"""The registry: names -> constructors, and what asking for one imports."""
+
+import subprocess
+import sys
+
+import pytest
+
+from chronomem.registry import get_experiment, get_model, get_task, names
+
+IMPORTED = ("import sys; from chronomem.registry import {call}; {call}({name!r}); "
+            "print('chronomem.experiments' in sys.modules)")
+
+
+@pytest.mark.parametrize("call, name, experiments", [("get_model", "lstm", False), ("get_task", "copy", False),
+                                                     ("get_experiment", "copy-baselines", True)])
+def test_only_an_experiment_imports_the_experiments(call, name, experiments):
+    code = IMPORTED.format(call=call, name=name)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(experiments)
+
+
+def test_names_list_every_kind():
+    listed = names()
+    assert "lstm" in listed["models"] and "copy" in listed["tasks"] and "copy-baselines" in listed["experiments"]
+    assert get_model("lstm") is not None and get_task("copy") is not None
+    assert get_experiment("copy-baselines").name == "copy-baselines"
+
+
+@pytest.mark.parametrize("lookup", [get_model, get_task, get_experiment])
+def test_unknown_name_lists_the_valid_ones(lookup):
+    with pytest.raises(ValueError, match="valid names: "):
+        lookup("no-such-name")
