@@ -122,6 +122,20 @@ def check_mask(mask: Any, name: str, shape: Sequence[int]) -> Tensor | None:
     return mask
 
 
+def check_done(done: Any, shape: Sequence[int]) -> Tensor | None:
+    """Return ``done`` of exactly ``shape`` (``[B, N]``: True where a step is the last of its episode),
+    or ``None``."""
+    if done is None:
+        return None
+    if not isinstance(done, Tensor) or done.dtype != torch.bool:
+        got = f"dtype {done.dtype}" if isinstance(done, Tensor) else type(done).__name__
+        raise TypeError(f"done must be a boolean tensor of shape {tuple(shape)} (True = last step of an "
+                        f"episode), got {got}")
+    if tuple(done.shape) != tuple(shape):
+        raise ValueError(f"done must have shape {tuple(shape)}, got {tuple(done.shape)}")
+    return done
+
+
 def check_positive(value: Any, name: str, minimum: int = 1) -> int:
     """Return ``value`` if it is an int >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int):
