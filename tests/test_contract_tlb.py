@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from chronomem.layers import concat_states
-from chronomem.tlb import TLB
+from chronomem.tlb import TLB, TLBState
 from contract import (
     check_any_split,
     check_done_equals_reset,
@@ -108,13 +108,22 @@ def test_the_state_carries_the_partial_chunk():
     assert state.fill.tolist() == [2, 2] and state.chunks.tolist() == [1, 1]
     assert state.slot_valid[:, :2].all() and not state.slot_valid[:, 2:].any()
     assert state.partial[:, 2:].abs().max() == 0
-    assert len(state.keys) == len(state.values) == 2 and state.keys[0].shape == (2, 2, 4, D // 2)
+    assert len(state.chunk_keys) == len(state.chunk_values) == 2  # depth 2 x R = 1 self-attention layers
+    assert state.chunk_keys[0].shape == (2, 2, 4, D // 2) and state.chunk_keys[0][:, :, 2:].abs().max() == 0
+    # The cached keys/values of the cross-attention's context LN(I + P), one per group.
+    for group, keys, values in zip(model.groups, state.memory_keys, state.memory_values, strict=True):
+        want_k, want_v = group.cross.attn.heads_kv(group.cross.norm_context(state.memory + model.slot_encoding))
+        torch.testing.assert_close(keys, want_k, atol=1e-12, rtol=0)
+        torch.testing.assert_close(values, want_v, atol=1e-12, rtol=0)
     # The pending chunk updates the state once it is complete, as in one call.
     z = randn(2, 2, D, seed=16)
     _, after = model(z, state)
     _, whole = model(torch.cat([x, z], 1))
     assert after.fill.tolist() == [0, 0] and after.chunks.tolist() == [2, 2]
     torch.testing.assert_close(after.memory, whole.memory, atol=1e-10, rtol=0)
+    # A state made by hand without the partial chunk (e.g. only memory) starts an empty chunk.
+    bare = TLBState(after.memory, after.chunks, after.fresh)
+    torch.testing.assert_close(model(x, bare)[0], model(x, after)[0], atol=1e-12, rtol=0)
     # reset empties it (the row starts a new chunk from I_0), as init_state does.
     cleared = state.reset(torch.tensor([True, False]))
     assert cleared.fill.tolist() == [0, 2] and not cleared.slot_valid[0].any()
@@ -135,4 +144,7 @@ def test_bad_done():
     _, state = model(x)  # a partial chunk, which a non-causal TLB cannot continue
     with pytest.raises(ValueError, match="partial chunk"):
         non_causal(x, state)
+    other = make("ours", 5)  # another chunk size: the partial chunk does not fit
+    with pytest.raises(ValueError, match="state.slot_valid"):
+        other(x, state)
 

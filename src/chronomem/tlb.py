@@ -56,9 +56,24 @@ Choices the paper leaves open (documented, not silent):
 * Pre-LN blocks with a final LayerNorm on the token outputs (the paper writes Eq. 5 with LN but does
   not say pre or post; the authors' LRA code is pre-LN).
 
-Streaming: ``y, state = tlb(x, state)``; calls split at multiples of ``chunk_size`` give the same
-outputs and final state as one call (to float tolerance). A call whose length is not a multiple of
-``chunk_size`` updates the state with its partial last chunk.
+Streaming and episodes (docs/design.md, the agent contract): ``y, state = tlb(x, state, mask, done)``.
+
+* ``causal=True``: calls of any length, one token included, give the same outputs and final state as
+  one call (to float tolerance). The state carries the chunk being filled: its slots so far, their
+  outputs ``H`` and, per self-attention layer, their keys and values, so the state still updates
+  once per complete chunk, and a one-token call costs O(K) (attention to the cached keys/values),
+  not a recomputation of the partial chunk. ``done [B, L]`` ends episodes inside a call: after a
+  done step the row continues from the initial state (``I_0``, an empty chunk; the unfinished chunk
+  of the ended episode is dropped) and no gradient crosses the boundary. ``latest_memory(state)`` is
+  ``I`` including the pending partial chunk (what ``summary`` reads).
+* ``causal=False``: a token sees its whole chunk, so a call ends its last chunk: calls split at
+  multiples of ``chunk_size`` equal one call; a call of another length updates the state with its
+  partial last chunk and the next call starts a new chunk. ``done`` is an error.
+
+Speed of a call with dones or rows mid-chunk: each episode part of a row is a *virtual row* with its
+own chunks; the chunks are computed in *waves* (wave ``c`` = the ``c``-th chunk of every virtual row,
+all independent), so episode ends add chunks but not sequential steps. Without them (the common
+case) the chunks are the plain reshape of the input.
 """
 
 from __future__ import annotations
@@ -113,11 +128,15 @@ class TLBState(RecurrentState):
     * ``fill [B]`` (long): slots of the current chunk filled so far, ``0 <= fill < K``.
     * ``slot_valid [B, K]`` (bool): those of them holding a valid (unpadded) token.
     * ``partial [B, K, D]``: their perceptual outputs ``H`` (Eq. 7 reads them when the chunk completes).
-    * ``keys``, ``values``: one ``[B, heads, K, head_dim]`` tensor per self-attention layer (``depth *
-      R`` of them): their keys and values, so that a new token attends to the chunk's earlier tokens
-      without recomputing them.
+    * ``chunk_keys``, ``chunk_values``: one ``[B, heads, K, head_dim]`` tensor per self-attention layer
+      (``depth * R`` of them): their keys and values, so that a new token attends to the chunk's
+      earlier tokens without recomputing them.
+    * ``memory_keys``, ``memory_values``: one ``[B, heads, N, head_dim]`` tensor per group: the keys
+      and values of ``LN(I + P)`` that the perceptual cross-attention reads (Eq. 6); ``I`` changes
+      once per chunk, so a one-token call does not recompute them.
 
-    Slots at and after ``fill`` hold zeros. ``reset(done)`` restores the *initial* state of the
+    Slots at and after ``fill`` hold zeros. Like any key/value cache, the cached tensors were computed
+    with the parameters of the call that made them. ``reset(done)`` restores the *initial* state of the
     finished rows (not zeros): it marks them fresh and zeroes everything else of theirs (an empty
     partial chunk; their ``memory`` rows are replaced by ``I_0`` at the next call).
     """
@@ -128,8 +147,10 @@ class TLBState(RecurrentState):
     fill: Tensor | None = None
     slot_valid: Tensor | None = None
     partial: Tensor | None = None
-    keys: tuple[Tensor, ...] | None = None
-    values: tuple[Tensor, ...] | None = None
+    chunk_keys: tuple[Tensor, ...] | None = None
+    chunk_values: tuple[Tensor, ...] | None = None
+    memory_keys: tuple[Tensor, ...] | None = None
+    memory_values: tuple[Tensor, ...] | None = None
 
     def reset(self, done: Tensor) -> TLBState:
         cleared = super().reset(done)  # checks ``done``; zeroes memory, counter and the partial chunk
@@ -284,17 +305,25 @@ class TLB(nn.Module):
     def _self_layers(self) -> list[SelfAttentionBlock]:
         return [block for group in self.groups for block in group.self_blocks]
 
+    def _chunk_shapes(self) -> dict[str, tuple]:
+        """Per-row shapes of the partial-chunk fields of the state (tuples: one per layer or group)."""
+        K, N, D = self.chunk_size, self.num_state, self.dim
+        chunk_kv = tuple((b.attn.num_heads, K, b.attn.head_dim) for b in self._self_layers())
+        memory_kv = tuple((g.cross.attn.num_heads, N, g.cross.attn.head_dim) for g in self.groups)
+        return dict(fill=(), slot_valid=(K,), partial=(K, D), chunk_keys=chunk_kv, chunk_values=chunk_kv,
+                    memory_keys=memory_kv, memory_values=memory_kv)
+
     def _empty_chunk(self, batch: int, device, dtype) -> dict:
-        """The partial-chunk fields of a row that has not started a chunk (all zeros)."""
-        K, D = self.chunk_size, self.dim
-        kv = [torch.zeros(batch, b.attn.num_heads, K, b.attn.head_dim, device=device, dtype=dtype)
-              for b in self._self_layers()]
-        return dict(
-            fill=torch.zeros(batch, dtype=torch.long, device=device),
-            slot_valid=torch.zeros(batch, K, dtype=torch.bool, device=device),
-            partial=torch.zeros(batch, K, D, device=device, dtype=dtype),
-            keys=tuple(kv), values=tuple(torch.zeros_like(t) for t in kv),
-        )
+        """The partial-chunk fields of fresh rows: all zeros, as ``reset`` leaves them (a fresh row's
+        ``memory_keys`` / ``memory_values`` are computed from ``I_0`` at its next call)."""
+        fields = {}
+        for name, shape in self._chunk_shapes().items():
+            kind = torch.long if name == "fill" else torch.bool if name == "slot_valid" else dtype
+            if name.endswith(("_keys", "_values")):  # one tensor per layer or group
+                fields[name] = tuple(torch.zeros(batch, *s, device=device, dtype=kind) for s in shape)
+            else:
+                fields[name] = torch.zeros(batch, *shape, device=device, dtype=kind)
+        return fields
 
     def _check_state(self, state, batch: int, device, dtype) -> TLBState:
         if state is None:
@@ -310,12 +339,12 @@ class TLB(nn.Module):
                 raise ValueError("state holds a partial chunk (state.fill > 0), which only a causal TLB continues")
             return state
         if state.fill is None:  # a state without a partial chunk (made by hand, or by a non-causal TLB)
-            return replace(state, **self._empty_chunk(batch, device, dtype))
-        empty = self._empty_chunk(1, device, dtype)
-        for name in ("slot_valid", "partial", "keys", "values"):
-            got, want = getattr(state, name), empty[name]
-            shapes = [tuple(t.shape[1:]) for t in got] if isinstance(got, tuple) else tuple(got.shape[1:])
-            wanted = [tuple(t.shape[1:]) for t in want] if isinstance(want, tuple) else tuple(want.shape[1:])
+            memory_keys, memory_values = self._memory_kv(self._start(state, dtype)[0])
+            return replace(state, **{**self._empty_chunk(batch, device, dtype), "memory_keys": memory_keys,
+                                     "memory_values": memory_values})
+        for name, wanted in self._chunk_shapes().items():
+            got = getattr(state, name)
+            shapes = tuple(tuple(t.shape[1:]) for t in got) if isinstance(got, tuple) else tuple(got.shape[1:])
             if shapes != wanted:
                 raise ValueError(f"state.{name} must have per-row shape {wanted}, got {shapes}")
         return state
@@ -330,17 +359,37 @@ class TLB(nn.Module):
     # ---- the two streams --------------------------------------------------------------------------
 
     def _self_block(self, block: SelfAttentionBlock, h: Tensor, key_mask: Tensor | None, causal: bool,
-                    merge=None) -> tuple[Tensor, Tensor, Tensor]:
+                    merge=None, sees_itself: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """One pre-LN self-attention + FFN layer within the chunk (Eq. 5), returning its keys and values
-        too. ``merge(k, v) -> (k, v)`` puts in the keys/values of slots filled by an earlier call."""
+        too. ``merge(k, v) -> (k, v)`` puts in the keys/values of slots filled by an earlier call.
+        ``sees_itself``: every query may attend at least to its own key, so ``attend``'s guard for rows
+        without a visible key is not needed (one-token calls without padding: a step saves a few ops)."""
         attn = block.attn
         normed = block.norm_attn(h)
         q, (k, v) = attn.heads_q(normed), attn.heads_kv(normed)
         if merge is not None:
             k, v = merge(k, v)
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        h = h + attn.attend(q, k, v, mask=mask, causal=causal)
+        if sees_itself and not causal:
+            dropout = attn.dropout if attn.training else 0.0
+            read = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            h = h + attn.to_out(read.transpose(-3, -2).flatten(-2))
+        else:
+            h = h + attn.attend(q, k, v, mask=mask, causal=causal)
         return h + block.ff(block.norm_ff(h)), k, v
+
+    def _memory_kv(self, memory: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+        """Per group, the keys and values of the perceptual cross-attention's context ``LN(I + P)``."""
+        context = memory + self.slot_encoding.to(memory.dtype)
+        kv = [group.cross.attn.heads_kv(group.cross.norm_context(context)) for group in self.groups]
+        return tuple(k for k, _ in kv), tuple(v for _, v in kv)
+
+    @staticmethod
+    def _cross(block: CrossAttentionBlock, h: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Eq. 6: pre-LN cross-attention + FFN (``CrossAttentionBlock``) with the context's keys/values given."""
+        attn = block.attn
+        h = h + attn.attend(attn.heads_q(block.norm_query(h)), k, v)
+        return h + block.ff(block.norm_ff(h))
 
     def slow_update(
         self, memory: Tensor, context: Tensor, h: Tensor, key_mask: Tensor | None, valid: Tensor
@@ -427,7 +476,7 @@ class TLB(nn.Module):
         def merge_cached(layer: int):
             if not prefix:
                 return None
-            ck, cv = state.keys[layer].to(x.dtype), state.values[layer].to(x.dtype)
+            ck, cv = state.chunk_keys[layer].to(x.dtype), state.chunk_values[layer].to(x.dtype)
             take = kept[:, None, :, None]
 
             def merge(k, v):
@@ -454,6 +503,7 @@ class TLB(nn.Module):
             key_mask = None if waves_full[wave] else wave_mask
             state_now = memory[:size]  # the rows of this wave come first (layout order)
             context = state_now + slot_enc  # the state I_{l-1} read with its slot encoding
+            memory_keys, memory_values = self._memory_kv(state_now)
             layer = first
             for index, group in enumerate(self.groups):
                 if index > 0:
@@ -465,7 +515,7 @@ class TLB(nn.Module):
                         kv[layer][0].append(k)
                         kv[layer][1].append(v)
                         layer += 1
-                out = group.cross(out, context)  # Eq. 6: top-down conditioning on I_{l-1}
+                out = self._cross(group.cross, out, memory_keys[index], memory_values[index])  # Eq. 6
             if wave == 0 and prefix:  # the earlier call's outputs of the chunk's first slots
                 out = out.index_put((lay.head,), torch.where(kept[..., None], state.partial.to(x.dtype),
                                                              out[lay.head]))
@@ -502,52 +552,60 @@ class TLB(nn.Module):
             fill=lay.fill,
             slot_valid=m[cut] & kept_new,
             partial=keep(out[cut], kept_new[..., None]),
-            keys=tuple(keep(torch.cat(k)[cut], kept_new[:, None, :, None]) for k, _ in kv),
-            values=tuple(keep(torch.cat(v)[cut], kept_new[:, None, :, None]) for _, v in kv),
+            chunk_keys=tuple(keep(torch.cat(k)[cut], kept_new[:, None, :, None]) for k, _ in kv),
+            chunk_values=tuple(keep(torch.cat(v)[cut], kept_new[:, None, :, None]) for _, v in kv),
         )
+        partial["memory_keys"], partial["memory_values"] = self._memory_kv(memory)
         return y, TLBState(memory, chunks, fresh, **partial)
 
     # ---- a call of one token (an agent acting): O(K) work with the chunk's keys/values cached -------
 
     def _step(self, x: Tensor, state: TLBState, mask: Tensor | None):
         K = self.chunk_size
-        memory, chunks = self._start(state, x.dtype)
+        fresh = bool(state.fresh.any())
+        memory, chunks = self._start(state, x.dtype) if fresh else (state.memory.to(x.dtype), state.chunks)
         fill = state.fill
         here = torch.arange(K, device=x.device) == fill[:, None]  # [B, K]: the slot this token takes
-        valid = here if mask is None else here & mask
-        slot_valid = state.slot_valid | valid
+        slot_valid = state.slot_valid | (here if mask is None else here & mask)
         key_mask = slot_valid  # the chunk's valid tokens so far, this one included (causal by construction)
+        if fresh:  # the cross-attention's keys/values of I_0 for the rows that (re)start
+            memory_keys, memory_values = self._memory_kv(memory)
+        else:
+            memory_keys = tuple(t.to(x.dtype) for t in state.memory_keys)
+            memory_values = tuple(t.to(x.dtype) for t in state.memory_values)
         h = self.drop(x + self.chunk_encoding.to(x.dtype)[fill][:, None])
-        context = memory + self.slot_encoding.to(x.dtype)  # I_{l-1} + P
-        take = here[:, None, :, None]
-        keys, values = [], []
+        chunk_keys, chunk_values = [], []
         layer = 0
-        for group in self.groups:
+        for index, group in enumerate(self.groups):
             for block in group.self_blocks:  # Eq. 5: attend to the chunk's earlier tokens and itself
-                ck, cv = state.keys[layer].to(x.dtype), state.values[layer].to(x.dtype)
-                h, k, v = self._self_block(block, h, key_mask, False, _write_slot(take, ck, cv))
-                keys.append(k)
-                values.append(v)
+                write = _write_slot(fill, state.chunk_keys[layer].to(x.dtype), state.chunk_values[layer].to(x.dtype))
+                h, k, v = self._self_block(block, h, key_mask, False, write, sees_itself=mask is None)
+                chunk_keys.append(k)
+                chunk_values.append(v)
                 layer += 1
-            h = group.cross(h, context)  # Eq. 6
-        partial = torch.where(here[..., None], h, state.partial.to(x.dtype))
+            h = self._cross(group.cross, h, memory_keys[index], memory_values[index])  # Eq. 6, reading I_{l-1}
+        partial = state.partial.to(x.dtype).scatter(1, fill[:, None, None].expand(-1, 1, h.shape[-1]), h)
         y = self.norm(h)
         if mask is not None:
             y = y.masked_fill(~mask[..., None], 0.0)
         fill = fill + 1
         ended = fill == K
-        if bool(ended.any()):  # the chunk is complete: Eq. 7, and the row starts a new chunk
-            updated = ended & slot_valid.any(1)
-            memory = self.slow_update(memory, context, partial, key_mask, updated)
-            memory, chunks = self._count(memory, chunks, updated)
-            going = ~ended
-            fill = torch.where(going, fill, 0)
-            slot_valid = slot_valid & going[:, None]
-            partial = torch.where(going[:, None, None], partial, 0.0)
-            keys = [torch.where(going[:, None, None, None], k, 0.0) for k in keys]
-            values = [torch.where(going[:, None, None, None], v, 0.0) for v in values]
+        if bool(ended.any()):  # these rows' chunk is complete: Eq. 7 for them, then they start a new one
+            rows = ended.nonzero().flatten()
+            valid = slot_valid[rows]
+            context = memory[rows] + self.slot_encoding.to(x.dtype)
+            new = self.slow_update(memory[rows], context, partial[rows], valid, valid.any(1))
+            new, counted = self._count(new, chunks[rows], valid.any(1))
+            memory, chunks = memory.index_put((rows,), new), chunks.index_put((rows,), counted)
+            new_keys, new_values = self._memory_kv(new)
+            memory_keys = tuple(t.index_put((rows,), n) for t, n in zip(memory_keys, new_keys, strict=True))
+            memory_values = tuple(t.index_put((rows,), n) for t, n in zip(memory_values, new_values, strict=True))
+            fill, slot_valid = fill.index_fill(0, rows, 0), slot_valid.index_fill(0, rows, False)
+            partial = _clear_rows(partial, rows)
+            chunk_keys = [_clear_rows(t, rows) for t in chunk_keys]
+            chunk_values = [_clear_rows(t, rows) for t in chunk_values]
         return y, TLBState(memory, chunks, torch.zeros_like(state.fresh), fill, slot_valid, partial,
-                           tuple(keys), tuple(values))
+                           tuple(chunk_keys), tuple(chunk_values), tuple(memory_keys), tuple(memory_values))
 
     # ---- readout ----------------------------------------------------------------------------------
 
@@ -653,9 +711,21 @@ def _episode_layout(n: int, K: int, batch: int, fill: Tensor | None, starts: Ten
                    rank[:batch], complete, last, starts_t[(end - 1) // K] + last, end % K)
 
 
-def _write_slot(take: Tensor, cached_k: Tensor, cached_v: Tensor):
-    """``merge`` for a one-token call: the token's keys/values go to its slot, the rest come from the state."""
-    return lambda k, v: (torch.where(take, k, cached_k), torch.where(take, v, cached_v))
+def _write_slot(fill: Tensor, cached_k: Tensor, cached_v: Tensor):
+    """``merge`` for a one-token call: the token's keys/values ``[B, H, 1, Dh]`` go to slot ``fill [B]``,
+    the other slots come from the state."""
+
+    def merge(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        slot = fill[:, None, None, None].expand_as(k)
+        return cached_k.scatter(2, slot, k), cached_v.scatter(2, slot, v)
+
+    return merge
+
+
+def _clear_rows(t: Tensor, rows: Tensor) -> Tensor:
+    """``t`` (a tensor this call made) with ``rows`` zeroed; in place when no gradient is recorded
+    (acting: saves a copy of the cache), else out of place (autograd saved ``t`` for the attention)."""
+    return t.index_fill(0, rows, 0.0) if torch.is_grad_enabled() else t.index_fill_(0, rows, 0.0)
 
 
 def _wave_counts(flags: Tensor, lay: _Layout) -> list[int]:
