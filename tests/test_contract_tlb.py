@@ -148,3 +148,29 @@ def test_bad_done():
     with pytest.raises(ValueError, match="state.slot_valid"):
         other(x, state)
 
+
+
+@pytest.mark.parametrize("config", ["ours", "authors"])
+def test_gradients_through_the_carried_chunk_equal_one_call(config):
+    """Fed one token at a time (state not detached), gradients into the input and every parameter
+    flow through the cached keys/values, outputs and state as in one call."""
+    model = make(config, 4, seed=19)
+    x = randn(2, 11, D, seed=20)
+    weights = randn(2, 11, D, seed=21)
+    grads = []
+    for one_token in (False, True):
+        model.zero_grad()
+        xg = x.clone().requires_grad_(True)
+        if one_token:
+            outputs, state = [], None
+            for t in range(x.shape[1]):
+                y, state = model(xg[:, t:t + 1], state)
+                outputs.append(y)
+            y = torch.cat(outputs, 1)
+        else:
+            y, state = model(xg)
+        ((y * weights).sum() + model.latest_memory(state).sum()).backward()
+        grads.append([xg.grad] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
