@@ -1,17 +1,20 @@
-"""Training-step time of the quick Ballet HTM model: three ways to mix the selected chunks.
+"""Training-step time of the quick Ballet HTM model, for each way to mix the selected chunks.
 
 The model and batch are those of ``chronomem run ballet --scale quick`` on one level (default
 ``8_delay48``: B=32 episodes of 505 steps plus the 7 other questions; ``BALLET_MODELS["quick"]["htm"]``).
-All variants compute the same function (tested in ``tests/test_htm.py``):
+Each ``read_impl`` of ``chronomem.ops.htm_mix`` computes the same function (tested in
+``tests/test_ops_htm_mix.py``), chosen by name on the model:
 
-* ``dense``: the read as shipped. A call whose queries read at most ``DENSE_CHUNKS_PER_K * top_k``
-  chunks in all scores every query against all of them, one matrix product per episode
-  (``htm.mix_chunks_dense``); otherwise it gathers, as below;
-* ``gather``: ``htm.mix_selected_chunks`` always (each query gathers its k chunks; blocks of queries,
-  a backward that gathers again);
-* ``autograd``: ``htm._mix_selected_chunks_autograd`` (one gather kept for backward).
+* ``auto``: the read as shipped. A call whose queries read at most ``DENSE_CHUNKS_PER_K * top_k``
+  chunks in all runs ``dense``; otherwise ``gather``;
+* ``dense``: every query scored against every chunk it may read, one matrix product per episode
+  (``mix_chunks_dense``);
+* ``gather``: each query gathers its k chunks, in blocks of queries, with a backward that gathers
+  again (``mix_selected_chunks``);
+* ``reference``: the naive gather and einsums in plain autograd (``mix_chunks_reference``).
 
-Times are interleaved (median of ``--repeats``, forward + backward + Adam step) and the ratios are printed.
+One model per ``read_impl``, all from the same seed; steps are interleaved (median of ``--repeats``,
+forward + backward + Adam step) and the ratios are printed.
 
     python benchmarks/htm_ballet_step.py                 # torch's threads
     OMP_NUM_THREADS=1 python benchmarks/htm_ballet_step.py --threads 1
@@ -26,18 +29,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-import chronomem.htm as htm
 from chronomem.experiments.htm import BALLET_MODELS
 from chronomem.heads import build_model
+from chronomem.ops.htm_mix import READ_IMPLS
 from chronomem.registry import get_task
-
-DENSE = htm.DENSE_CHUNKS_PER_K
-GATHER = htm.mix_selected_chunks
-VARIANTS = {  # (DENSE_CHUNKS_PER_K, mix_selected_chunks)
-    "dense": (DENSE, GATHER),
-    "gather": (0, GATHER),
-    "autograd": (0, htm._mix_selected_chunks_autograd),
-}
 
 
 def main(argv=None) -> None:
@@ -46,40 +41,42 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--impls", nargs="+", choices=READ_IMPLS, default=list(READ_IMPLS), help="read_impl values to time")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     task = get_task("ballet")(level=args.level, questions="every_dancer")
     batch = task.sample(args.batch, torch.Generator().manual_seed(0))
-    model = build_model("htm", task, **BALLET_MODELS["quick"]["htm"], pooling="last")
-    optimizer = torch.optim.Adam(model.parameters(), 1e-3)
 
-    def step() -> float:
-        start = time.perf_counter()
-        logits, _ = model(batch.inputs)
-        optimizer.zero_grad()
-        F.cross_entropy(logits[batch.loss_mask], batch.targets[batch.loss_mask]).backward()
-        optimizer.step()
-        return time.perf_counter() - start
+    def make_step(read_impl: str):
+        torch.manual_seed(0)
+        model = build_model("htm", task, **BALLET_MODELS["quick"]["htm"], pooling="last", read_impl=read_impl)
+        optimizer = torch.optim.Adam(model.parameters(), 1e-3)
 
-    seconds: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    try:
-        for repeat in range(args.repeats + 1):  # the first round is a warm-up
-            for name, (ratio, mix) in VARIANTS.items():
-                htm.DENSE_CHUNKS_PER_K, htm.mix_selected_chunks = ratio, mix
-                t = step()
-                if repeat:
-                    seconds[name].append(t)
-    finally:
-        htm.DENSE_CHUNKS_PER_K, htm.mix_selected_chunks = DENSE, GATHER
+        def step() -> float:
+            start = time.perf_counter()
+            logits, _ = model(batch.inputs)
+            optimizer.zero_grad()
+            F.cross_entropy(logits[batch.loss_mask], batch.targets[batch.loss_mask]).backward()
+            optimizer.step()
+            return time.perf_counter() - start
+
+        return step
+
+    steps = {name: make_step(name) for name in args.impls}
+    seconds: dict[str, list[float]] = {name: [] for name in args.impls}
+    for repeat in range(args.repeats + 1):  # the first round is a warm-up
+        for name, step in steps.items():
+            t = step()
+            if repeat:
+                seconds[name].append(t)
     median = {name: statistics.median(v) for name, v in seconds.items()}
     print(f"{args.level}, batch {args.batch} x {batch.inputs.shape[1]} steps, {torch.get_num_threads()} threads, "
           f"training step (median of {args.repeats})")
-    for name in VARIANTS:
+    for name in args.impls:
         print(f"  {name:10s} {median[name]:7.3f} s")
-    print(f"ratio gather / dense = {median['gather'] / median['dense']:.2f}, "
-          f"autograd / gather = {median['autograd'] / median['gather']:.2f}")
+    if "auto" in median and len(median) > 1:
+        print(", ".join(f"{name} / auto = {median[name] / median['auto']:.2f}" for name in median if name != "auto"))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """Hierarchical Transformer Memory: naive references, properties, streaming == batch, bad input."""
 
+import dataclasses
+import json
 import math
 
 import pytest
 import torch
 
-import chronomem.htm as htm
 from chronomem.htm import HierarchicalMemory, HTMAttention, HTMTransformer
 from chronomem.layers import sinusoid_encoding
+from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, READ_IMPLS
 from helpers import assert_same_gradients
 
 torch.set_num_threads(1)
@@ -68,24 +70,19 @@ def as_memory(keys, contents, slot_valid, valid):
     )
 
 
-@pytest.fixture(params=["gather", "dense"])
-def read_path(request, monkeypatch):
-    """Run a test through both ways ``HTMAttention.read`` mixes the selected chunks: the per-query
-    gather (``mix_selected_chunks``) and every query against every chunk read (``mix_chunks_dense``)."""
-    dense = request.param == "dense"
-    monkeypatch.setattr(htm, "DENSE_MIN_QUERIES", 1)
-    monkeypatch.setattr(htm, "DENSE_CHUNKS_PER_K", 10**6 if dense else 0)
-    calls = []
-    monkeypatch.setattr(htm, "mix_chunks_dense", lambda *a, f=htm.mix_chunks_dense: calls.append(1) or f(*a))
-    yield request.param
-    assert bool(calls) == dense  # the path under test was the one taken
+@pytest.fixture(params=READ_IMPLS)
+def read_path(request):
+    """Run a test through every way ``HTMAttention.read`` mixes the selected chunks (``read_impl``): the
+    per-query gather (``mix_selected_chunks``), every query against every chunk read
+    (``mix_chunks_dense``), the plain reference, and the automatic choice."""
+    return request.param
 
 
 @pytest.mark.parametrize("top_k", [1, 3, 6])
 def test_attention_matches_naive_reference(top_k, read_path):
     torch.manual_seed(0)
     B, M, C, D, Q = 2, 6, 4, 8, 5
-    attn = HTMAttention(D, num_heads=2, top_k=top_k, chunk_size=C)
+    attn = HTMAttention(D, num_heads=2, top_k=top_k, chunk_size=C, read_impl=read_path)
     keys, contents, slot_valid, valid = random_memory(B, M, C, D)
     queries = torch.randn(B, Q, D)
     mask = torch.rand(B, Q, M) > 0.3
@@ -110,7 +107,7 @@ def test_memory_norm_reads_layer_normed_memory(Q, read_path):
     B, M, C, D = 2, 6, 4, 8
     keys, contents, slot_valid, valid = random_memory(B, M, C, D, seed=3)
     queries = torch.randn(B, Q, D)
-    normed = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C, memory_norm=True)
+    normed = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C, memory_norm=True, read_impl=read_path)
     got = normed(queries, as_memory(keys, contents, slot_valid, valid))
     ln = lambda t: torch.nn.functional.layer_norm(t, (D,))
     with torch.no_grad():
@@ -118,7 +115,7 @@ def test_memory_norm_reads_layer_normed_memory(Q, read_path):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     scaled = normed(queries, as_memory(7 * keys + 2, 7 * contents + 2, slot_valid, valid))
     torch.testing.assert_close(scaled, got, atol=1e-4, rtol=1e-4)  # LN removes a per-step scale and shift
-    plain = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C)
+    plain = HTMAttention(D, num_heads=2, top_k=3, chunk_size=C, read_impl=read_path)
     plain.load_state_dict(normed.state_dict())
     a = plain(queries, as_memory(keys, contents, slot_valid, valid))
     b = plain(queries, as_memory(7 * keys + 2, 7 * contents + 2, slot_valid, valid))
@@ -136,7 +133,8 @@ def test_gradients_match_naive_reference(memory_gradient, memory_norm, Q, read_p
     torch.manual_seed(4)
     B, M, C, D = 2, 6, 4, 8
     attn = HTMAttention(
-        D, num_heads=2, top_k=3, chunk_size=C, memory_gradient=memory_gradient, memory_norm=memory_norm
+        D, num_heads=2, top_k=3, chunk_size=C, memory_gradient=memory_gradient, memory_norm=memory_norm,
+        read_impl=read_path,
     ).double()
     ln = (lambda t: torch.nn.functional.layer_norm(t, (D,))) if memory_norm else (lambda t: t)
     memory = [t.double() if t.is_floating_point() else t for t in random_memory(B, M, C, D)]
@@ -157,85 +155,6 @@ def test_gradients_match_naive_reference(memory_gradient, memory_norm, Q, read_p
     for got, want in zip(*grads, strict=True):
         assert want.abs().max() > 0
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
-
-
-@pytest.mark.parametrize("rows_per_block", [1, 3, 1000])
-@pytest.mark.parametrize("slot_transform", [False, True])
-def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform, monkeypatch):
-    """``mix_selected_chunks`` (blocks of queries, a backward that gathers again) == plain autograd,
-    values and gradients (into the table too), whatever the block size, also when the gathered slots
-    are read through LN and a slot encoding; and it passes gradcheck."""
-    g = torch.Generator().manual_seed(5)
-    N, H, k, C, D, R = 7, 2, 3, 4, 6, 5
-    table = (3 * torch.randn(R, C, D, generator=g, dtype=torch.float64) + 1).requires_grad_(True)
-    transform = (True, torch.randn(C, D, generator=g, dtype=torch.float64)) if slot_transform else (False, None)
-    slot_table = torch.rand(R, C, generator=g) > 0.3
-    slot_table[:, -1] = True
-    slot_table[2] = False  # an empty (invalid) chunk: read with weight 0
-    rows = torch.randint(R, (N, k), generator=g)
-    q = torch.randn(N, H, D, generator=g, dtype=torch.float64, requires_grad=True)
-    weights = torch.softmax(torch.randn(N, k, generator=g, dtype=torch.float64), -1)
-    weights = torch.where(rows == 2, 0.0, weights).requires_grad_(True)
-    monkeypatch.setattr(htm, "BLOCK_BYTES", rows_per_block * k * C * D * 8)
-    upstream = torch.randn(N, H, D, generator=g, dtype=torch.float64)
-    got = htm.mix_selected_chunks(q, weights, table, slot_table, rows, *transform)
-    want = htm._mix_selected_chunks_autograd(q, weights, table, slot_table, rows, 0.0, *transform)
-    torch.testing.assert_close(got, want)
-    grads_got = torch.autograd.grad((got * upstream).sum(), (q, weights, table))
-    grads_want = torch.autograd.grad((want * upstream).sum(), (q, weights, table))
-    for a, b in zip(grads_got, grads_want, strict=True):
-        assert b.abs().max() > 0
-        torch.testing.assert_close(a, b)
-    mix = lambda q, w, t: htm.mix_selected_chunks(q, w, t, slot_table, rows, *transform)
-    assert torch.autograd.gradcheck(mix, (q, weights, table))
-
-
-@pytest.mark.parametrize("rows_per_block", [1, 1000])
-def test_dense_mix_matches_selected_mix(rows_per_block, monkeypatch):
-    """``mix_chunks_dense`` (every query scores every chunk its group may read; the unselected get
-    weight 0) == the per-query gather of the selected chunks, values and gradients (into the slots
-    too), in blocks of one row or all rows, with groups of queries that may read different chunks or
-    none; and it passes gradcheck."""
-    g = torch.Generator().manual_seed(7)
-    B, Q, H, M, C, D, k = 3, 6, 2, 5, 3, 6, 2
-    slots = (2 * torch.randn(B, M, C, D, generator=g, dtype=torch.float64) + 1).requires_grad_(True)
-    slot_valid = torch.rand(B, M, C, generator=g) > 0.3
-    slot_valid[..., 0] = True
-    slot_valid[1, 2] = False  # an empty chunk: read with weight 0
-    visible = torch.rand(B, Q, M, generator=g) > 0.3
-    visible[1, :, 2] = False
-    visible[:, :2, 4] = False  # group 1 (queries 0-1) may not read chunk 4,
-    visible[:, 2:4, 0] = False  # group 2 not chunk 0,
-    visible[:, 4:] = False  # and group 3 nothing
-    scores = torch.randn(B, Q, M, generator=g).masked_fill(~visible, -1e9)
-    top_idx = scores.topk(k, -1).indices
-    weights = torch.softmax(torch.randn(B, Q, k, generator=g, dtype=torch.float64), -1).requires_grad_(True)
-    read = lambda w: torch.where(visible.gather(-1, top_idx), w, 0.0)  # as in HTMAttention.read
-    monkeypatch.setattr(htm, "DENSE_QUERY_GROUP", 2)
-    monkeypatch.setattr(htm, "BLOCK_BYTES", rows_per_block * 2 * H * M * C * 8)
-    upstream = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64)
-
-    def dense(q, weights, slots):
-        weights = torch.zeros(B, Q, M, dtype=q.dtype).scatter(-1, top_idx, read(weights))
-        return htm.mix_chunks_dense(q, weights, slots, slot_valid, visible)
-
-    def gathered(q, weights, slots):
-        rows = torch.arange(B)[:, None, None] * M + top_idx
-        out = htm._mix_selected_chunks_autograd(q.reshape(B * Q, H, D), read(weights).reshape(B * Q, k),
-                                                slots.reshape(B * M, C, D), slot_valid.reshape(B * M, C),
-                                                rows.reshape(B * Q, k))
-        return out.view(B, Q, H, D)
-
-    q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
-    got, want = dense(q, weights, slots), gathered(q, weights, slots)
-    torch.testing.assert_close(got, want)
-    assert got[:, 4:].abs().max() == 0
-    grads_got = torch.autograd.grad((got * upstream).sum(), (q, weights, slots))
-    grads_want = torch.autograd.grad((want * upstream).sum(), (q, weights, slots))
-    for a, b in zip(grads_got, grads_want, strict=True):
-        assert b.abs().max() > 0
-        torch.testing.assert_close(a, b)
-    assert torch.autograd.gradcheck(dense, (q, weights, slots))
 
 
 def test_attention_dropout_path():
@@ -312,6 +231,46 @@ def test_empty_memory_reads_zeros():
     mem = HierarchicalMemory.empty(2, 3, 4, 8)
     out = attn(torch.randn(2, 5, 8), mem)
     assert out.shape == (2, 5, 8) and out.abs().max() == 0
+
+
+def autograd_nodes(t: torch.Tensor) -> set[str]:
+    """Names of the backward nodes in ``t``'s graph (a custom Function ``_F`` shows as ``_FBackward``)."""
+    names, seen, stack = set(), set(), [t.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(child for child, _ in node.next_functions)
+    return names
+
+
+KERNELS = {"gather": "_MixSelectedChunksBackward", "dense": "_MixChunksDenseBackward"}
+
+
+@pytest.mark.parametrize(
+    ("read_impl", "Q", "M", "dropout", "taken"),
+    [
+        ("gather", DENSE_MIN_QUERIES, 6, 0.0, "gather"),
+        ("dense", 1, 6, 0.0, "dense"),
+        ("reference", DENSE_MIN_QUERIES, 6, 0.0, "reference"),
+        ("auto", DENSE_MIN_QUERIES, DENSE_CHUNKS_PER_K * 3, 0.0, "dense"),  # many queries, few chunks
+        ("auto", DENSE_MIN_QUERIES - 1, DENSE_CHUNKS_PER_K * 3, 0.0, "gather"),  # few queries
+        ("auto", DENSE_MIN_QUERIES, DENSE_CHUNKS_PER_K * 3 + 1, 0.0, "gather"),  # many chunks read
+        ("dense", DENSE_MIN_QUERIES, 6, 0.5, "reference"),  # attention dropout: only the reference has it
+    ],
+)
+def test_read_impl_takes_the_named_path(read_impl, Q, M, dropout, taken):
+    """``read_impl`` names the kernel that mixes the chunks; "auto" keeps the rule of ``ops.htm_mix``:
+    dense for at least DENSE_MIN_QUERIES queries reading at most DENSE_CHUNKS_PER_K * top_k chunks."""
+    torch.manual_seed(0)
+    attn = HTMAttention(8, num_heads=2, top_k=3, chunk_size=4, dropout=dropout, read_impl=read_impl)
+    out = attn(torch.randn(2, Q, 8, requires_grad=True), as_memory(*random_memory(2, M, 4, 8)))
+    nodes = autograd_nodes(out)
+    assert {name for name, kernel in KERNELS.items() if kernel in nodes} == ({taken} - {"reference"})
+    with pytest.raises(ValueError, match="read_impl"):
+        HTMAttention(8, num_heads=2, top_k=3, chunk_size=4, read_impl="fast")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -597,6 +556,56 @@ def test_memory_gradient_option():
     early = slice(0, 12)  # step 19's window is steps 16-19; steps 0-11 are in complete chunks only
     assert grads[0][:, early].abs().max() == 0
     assert grads[1][:, early].abs().max() > 0
+
+
+@pytest.mark.parametrize("read_impl", ["auto", "gather", "dense"])
+def test_transformer_read_impls_match_the_reference(read_impl):
+    """Every ``read_impl`` of the whole model equals ``read_impl="reference"`` (float64): outputs over
+    two calls, gradients into the parameters and, with ``memory_gradient``, into the inputs that only
+    memory holds. The option round-trips through the JSON of a run's config."""
+    torch.manual_seed(13)
+    options = {**SMALL, "memory_norm": True, "memory_gradient": True, "read_impl": read_impl}
+    fast = HTMTransformer(**options).double()
+    options = json.loads(json.dumps(dataclasses.asdict(fast.config)))
+    assert options["read_impl"] == read_impl
+    reference = HTMTransformer(**{**options, "read_impl": "reference"}).double()
+    reference.load_state_dict(fast.state_dict())
+    x = torch.randn(2, 26, 16, dtype=torch.float64)
+    inputs = []
+    for model in (fast, reference):
+        xi = x.clone().requires_grad_(True)
+        y1, state = model(xi[:, :20])
+        y2, _ = model(xi[:, 20:], state)
+        y = torch.cat([y1, y2], 1)
+        if read_impl != "auto":  # the layers' reads ran the kernel asked for; the reference, neither
+            assert {name for name, kernel in KERNELS.items() if kernel in autograd_nodes(y)} == (
+                {read_impl} if model is fast else set())
+        (y * torch.linspace(-1, 1, 16, dtype=torch.float64)).sum().backward()
+        inputs.append((y.detach(), xi.grad))
+    torch.testing.assert_close(inputs[0][0], inputs[1][0], atol=1e-10, rtol=1e-8)
+    torch.testing.assert_close(inputs[0][1], inputs[1][1], atol=1e-10, rtol=1e-8)
+    assert_same_gradients(reference, fast, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("shared_memory", [False, True])
+@pytest.mark.parametrize("memory_gradient", [False, True])
+def test_a_call_builds_its_new_chunks_once(shared_memory, memory_gradient, monkeypatch):
+    """Each memory builds the chunks that complete in a call once (``new_chunks``) and uses them both
+    to read and to store; what it stores is what ``HierarchicalMemory.write`` stores, detached."""
+    torch.manual_seed(14)
+    model = HTMTransformer(**SMALL, shared_memory=shared_memory, memory_gradient=memory_gradient)
+    x = torch.randn(2, 11, 16, requires_grad=True)
+    mask = torch.arange(11)[None] < torch.tensor([[11], [8]])
+    calls, build = [], HierarchicalMemory.new_chunks
+    counted = lambda self, *a, **kw: calls.append(1) or build(self, *a, **kw)
+    monkeypatch.setattr(HierarchicalMemory, "new_chunks", counted)  # counts, changes nothing
+    _, state = model(x, mask=mask)
+    assert len(calls) == (1 if shared_memory else SMALL["depth"])
+    written = model.init_state(2).memories[0].write(x, mask=mask)  # layer 0 (or the shared memory) stores x
+    for name, want in written.__dict__.items():
+        got = getattr(state.memories[0], name)
+        assert (torch.equal(got, want) and not got.requires_grad) if torch.is_tensor(want) else got == want
+    assert written.valid.any()  # chunks were committed
 
 
 def test_registry_and_head():

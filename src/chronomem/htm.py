@@ -15,80 +15,60 @@ Read top to bottom next to the paper:
    then a pre-LN HTM block over the memory of that layer's past *inputs*, then a pre-LN feed-forward
    block, all residual, without GTrXL gating (App. D.6).
 
-Facts the paper leaves out come from DeepMind's released attention module (see DESIGN.md 3.1):
+What the paper specifies: chunks with mean summaries, the two-level read above, each layer storing
+its inputs, stop-gradient into memory (Section 2); the layer (Fig. 1d, App. D.6); chunk overlap
+(App. A); memory cleared between episodes unless kept (Section 3.3).
+
+Where the paper leaves gaps, DeepMind's released attention module settles them (docs/htm.md):
 single-head relevance with bias-free projections scaled by ``1/sqrt(D)``; masking with a large
 negative value *before* top-k; softmax over the k selected logits only; one multi-head attention
 (with biases) shared by all chunks, queried by the normed input itself; a sinusoid position
 encoding over the ``C`` slots of a chunk (reversed: the newest slot is position 0) added to the
-contents only; stop-gradient on keys and contents; the relevance and within-chunk projections
-initialised with ``VarianceScaling(2)`` (variance 2/fan-in, zero biases; ``init_scale``).
+contents only; the relevance and within-chunk projections initialised with ``VarianceScaling(2)``
+(variance 2/fan-in, zero biases; ``init_scale``). No memory-writing code was released.
 
-Deliberate differences from the released module (documented improvements):
+Where neither says, our choices:
 
-* a query with no visible chunk reads zeros (the released module averages arbitrary chunks);
-* a query with fewer than k visible chunks gives the missing ones zero weight;
+* a query with no visible chunk reads zeros (the released module averages arbitrary chunks); a
+  query with fewer than k visible chunks gives the missing ones zero weight;
 * chunks committed early at an episode boundary carry a slot mask, so empty slots are never read;
-  the position encoding is still indexed by slot (slot ``C-1`` = position 0), so the steps of a
-  partial chunk keep the encodings they would have had in a full chunk;
-* ``top_k`` larger than the memory is an error, not a silent failure.
+  the position encoding stays indexed by slot (slot ``C-1`` = position 0);
+* ``top_k`` larger than the memory is an error, not a silent failure;
+* the visibility rule below, which makes step-by-step, window-by-window and whole-sequence runs
+  agree. A query at time t (steps since the stream or episode began) reads, in local attention, the
+  keys s with ``floor(t / window) * window - extra_length <= s <= t`` (Transformer-XL: the current
+  window plus ``extra_length`` earlier steps), and in the HTM block the chunks that were *complete*
+  before t (last step < t), among them only the newest ``memory_size`` (the ring buffer at time t).
+  Every call of ``HTMTransformer.forward`` builds the chunks that complete inside the call once,
+  reads them with the stored ones under a per-query mask that applies the rule, and stores them.
+  Outputs agree across modes to float tolerance; gradients differ (in window mode they do not flow
+  into the local-attention cache, as in Transformer-XL);
+* episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
+  ``state.reset(done)`` (``HierarchicalMemory.write`` itself handles boundaries inside a call).
 
-Two speed-ups change the order of computation, not the function (both tested against the literal
-loop): ``HTMAttention`` computes the within-chunk attention in content space (key projection moved
-onto the query, value and output projections applied after the k chunks are mixed), so it gathers
-only detached chunk contents; and ``mix_selected_chunks`` does that gather and mix in blocks of
-queries with a backward that gathers again rather than keeping the gathered contents. Together they
-made a supervised-Ballet training step 4.6x faster on a CPU core (5.1 s -> 1.1 s). A third: a call
-longer than a window computes the local attention window by window (``LocalLayout``: each window of
-W queries reads its W + E keys) instead of as one masked ``[N, L + N]`` matrix; this made the quick
-Ballet step with relative positions 3.5x faster (4.73 s -> 1.34 s; 1.36 s -> 1.26 s without them).
-A fourth: when the queries of a call read few chunks in all (at most ``DENSE_CHUNKS_PER_K * top_k``,
-as in a supervised Ballet episode run in one call), each group of queries scores every chunk it may
-read with one matrix product per row (``mix_chunks_dense``) instead of gathering k chunks per query;
-the unselected chunks get weight zero. The quick Ballet training step takes 0.20 s instead of 0.31 s
-averaged over the six levels (two threads; ``benchmarks/htm_ballet_step.py``).
+Options that depart from the paper (off by default; docs/htm.md gives the measurements):
 
-Visibility rule (what makes step-by-step, window-by-window and whole-sequence runs agree): a query
-at time t (steps since the stream or episode began)
+* ``memory_gradient=True`` lets gradients flow into the chunks a call builds from its own inputs
+  (the stored memory of earlier calls stays detached, like truncated backpropagation through time).
+  It changes no output. For supervised tasks whose only loss is at the end of a sequence: with the
+  stop-gradient nothing trains the layers below to write what a later query needs. The paper's RL
+  agent has a loss at every step and a reconstruction loss (App. D.4) to shape what it stores.
+* ``memory_norm=True`` reads the memory through a LayerNorm without learned parameters: the
+  relevance scores LN(summary) and the within-chunk attention reads LN(step). Each layer stores the
+  residual stream, whose scale grows in training; read raw, the relevance logits saturate and the
+  top-1 chunk is picked by scale, not content. Pre-LN Transformer-XL, the agent memory HTM replaces
+  (Sec. 2 "Agents"), likewise reads LN(memory). Stored values and summaries are unchanged.
+* ``output_steps=r`` computes only the last ``r`` outputs of a call (a probe or questions read out
+  at the end: App. B.4's PAI model, supervised Ballet), and the layers only what those need: the
+  last layer's other steps are needed by no one (memory and cache store *inputs*), and with one
+  shared memory and a window of one step (App. B.4) no layer reads another step's output. The ``r``
+  outputs and their gradients equal the plain forward's (tested); the other outputs are zeros.
 
-* reads, in local attention, the keys s with ``floor(t / window) * window - extra_length <= s <= t``
-  (Transformer-XL: the current window plus ``extra_length`` earlier steps);
-* reads, in the HTM block, the chunks that were *complete* before t, i.e. whose last step is < t,
-  and among them only the newest ``memory_size`` (the ring buffer's content at time t).
-
-Every call of ``HTMTransformer.forward`` uses the same code path: it builds the chunks that complete
-inside the call, appends them to the stored ones and gives each query a mask that applies the rule.
-Gradients differ between modes (by default they never flow into memory; in window mode they do not
-flow into the local-attention cache either, as in Transformer-XL) but outputs agree to float tolerance.
-
-One documented option departs from the paper: ``memory_gradient=True`` lets gradients flow into the
-chunks that a call builds from its own inputs (the stored memory of earlier calls stays detached,
-like truncated backpropagation through time). It changes no output. It is meant for the supervised
-tasks, where one loss at the end of a whole sequence is all the training signal: with the
-stop-gradient, nothing trains the layers below to write what a later query will need, except
-through the local window. The paper's RL agent has a loss at every step and a reconstruction loss
-(App. D.4) to shape what it stores.
-
-A second option, ``memory_norm=True``, reads the memory through a LayerNorm without learned
-parameters: the relevance scores LN(summary) and the within-chunk attention reads LN(step). Each
-layer stores its raw inputs, i.e. the residual stream, whose scale grows during training; read raw,
-the relevance logits saturate (in a quick Ballet run their spread over chunks reached 44 after
-20 min) and the top-1 chunk is picked by the stream's scale, not by its content. Pre-LN
-Transformer-XL, the agent memory HTM replaces (Sec. 2 "Agents"), likewise reads LN(memory) (with
-its layer's learned LayerNorm). Stored values, the summary (the mean before LN) and the visibility
-rule are unchanged. Cost: LN of the M summaries, and of the memory's steps or, when a call has
-few queries (one step of an agent), of each query's k*C gathered slots only; the slot encoding is
-added the same way.
-
-A third, ``output_steps=r``, is a speed-up for tasks read out at the end of a call (the probe of
-App. B.4's PAI model, the questions of supervised Ballet): only the last ``r`` outputs of a call are
-computed, and the layers compute only what those need. The last layer's other steps are needed by
-no one (its memory and cache store its *inputs*); with one memory shared by all layers and a window of
-one step (App. B.4), no layer reads another step's output, so only those ``r`` steps go through any
-layer. The ``r`` outputs equal the plain forward's, and so do their gradients (tested); the other
-outputs are zeros.
-
-Episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
-``state.reset(done)`` (the memory object itself handles boundaries inside ``write``).
+How it is computed (the same function as the literal read, tested against it): the within-chunk
+attention runs in content space (key projection moved onto the query, value and output projections
+after the k chunks are mixed), so only detached chunk contents are gathered; the mix itself is one
+of ``chronomem.ops.htm_mix``'s kernels, chosen by ``read_impl``; a call longer than a window runs
+its local attention window by window (``LocalLayout``).
 """
 
 from __future__ import annotations
@@ -115,10 +95,8 @@ from chronomem.layers import (
     sinusoid_encoding,
     variance_scaling_,
 )
+from chronomem.ops.htm_mix import NEG, check_read_impl, mix_chunks
 from chronomem.registry import register_model
-
-NEG = -1e9  # "large negative" logit for hidden chunks, applied before top-k (released module: -1e6)
-
 
 # =============================================================================================
 # 1. The memory: chunk summaries (keys) and chunk contents, a ring buffer of M chunks
@@ -284,10 +262,13 @@ class HierarchicalMemory(RecurrentState):
         )
 
     def _append(self, x: Tensor, lengths: Tensor) -> HierarchicalMemory:
-        new = self.new_chunks(x, lengths)
+        return self._store(self.new_chunks(x, lengths))
+
+    def _store(self, new: NewChunks) -> HierarchicalMemory:
+        """Commit ``new`` (from ``new_chunks``) and keep its accumulator; stored detached (Section 2)."""
         slot_valid = new.valid[..., None].expand(-1, -1, self.chunk_size)
-        mem = self._commit(new.keys, new.contents, slot_valid, new.valid)
-        return replace(mem, accumulator=new.accumulator, fill=new.fill, carried=new.carried)
+        mem = self._commit(new.keys.detach(), new.contents.detach(), slot_valid, new.valid)
+        return replace(mem, accumulator=new.accumulator.detach(), fill=new.fill, carried=new.carried)
 
     def end_episode(self, done: Tensor) -> HierarchicalMemory:
         """Episode boundary for the rows in ``done [B]``: commit their partial chunk, then clear them.
@@ -373,252 +354,6 @@ def _prefix_lengths(mask: Tensor | None, batch: int, n: int, device) -> Tensor:
 
 
 # =============================================================================================
-# The inner loop of the read: score the slots of each query's k chunks, mix them
-# =============================================================================================
-
-# Rows of queries per block in ``mix_selected_chunks``: the gathered slots of a block take about this
-# many bytes. Small enough that the allocator reuses the buffer (a fresh multi-MB allocation per call
-# costs page faults that, on a CPU, take longer than the copy itself).
-BLOCK_BYTES = 8 * 2**20
-# mix_chunks_dense replaces the per-query gather when a call has at least DENSE_MIN_QUERIES queries and
-# its queries read at most DENSE_CHUNKS_PER_K * top_k chunks in all (measured: benchmarks/htm_ballet_step.py;
-# at 2 * top_k, Ballet's 32 chunks with top-k 16, dense is still 1.25x faster).
-DENSE_MIN_QUERIES = 16
-DENSE_CHUNKS_PER_K = 2
-DENSE_QUERY_GROUP = 64  # queries per group in mix_chunks_dense
-
-
-def _prepare_slots(chunks: Tensor, norm: bool, slot_encoding: Tensor | None) -> Tensor:
-    """What the within-chunk attention reads of gathered chunks ``[..., C, D]``: LN(step) when
-    ``norm`` (``memory_norm``), plus the slot position encoding ``[C, D]`` when given. Both act slot by
-    slot, so applying them to the k gathered chunks of a query equals applying them to the whole
-    memory first, at O(k*C*D) instead of O(M*C*D) per read."""
-    if norm:
-        chunks = F.layer_norm(chunks, chunks.shape[-1:])
-    if slot_encoding is not None:
-        chunks = chunks + slot_encoding.to(chunks.dtype)
-    return chunks
-
-
-def _within_chunk_softmax(q: Tensor, flat: Tensor, slots: Tensor) -> Tensor:
-    """``q [n, R, D]`` (R query rows: the H heads of one query, or of several), ``flat [n, k*C, D]`` (k
-    chunks of C slots), ``slots [n, k, C]`` (valid slots) -> ``p [n, R, k, C]``, each row's softmax within
-    each chunk over its stored slots (a finite fill: an empty chunk, which only an invalid chunk can be,
-    gets uniform weights and then R_i = 0)."""
-    n, k, C = slots.shape
-    scores = torch.bmm(q, flat.transpose(1, 2)).view(n, -1, k, C)
-    return torch.softmax(scores.masked_fill(~slots[:, None], NEG), dim=-1)
-
-
-def _mix_block(
-    q: Tensor, weights: Tensor, chunks: Tensor, slots: Tensor, dropout: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """One block: ``q [n, R, D]``, ``weights [n, k]`` (shared by the R rows) or ``[n, R, k]``,
-    ``chunks [n, k, C, D]``, ``slots [n, k, C]`` -> the within-chunk softmax ``p [n, R, k, C]`` and
-    ``mixed [n, R, D] = sum_{i,s} R_i p_is c_is`` (``dropout`` on ``p``, the attention dropout of the
-    within-chunk MHA)."""
-    n, k, C, D = chunks.shape
-    flat = chunks.view(n, k * C, D)
-    p = _within_chunk_softmax(q, flat, slots)
-    if dropout:
-        p = F.dropout(p, dropout)
-    w = weights[:, None, :, None] if weights.dim() == 2 else weights[..., None]
-    mixed = torch.bmm((p * w).view(n, -1, k * C), flat)
-    return p, mixed
-
-
-def _mix_backward(
-    p: Tensor, w: Tensor, flat: Tensor, grad_mixed: Tensor, q: Tensor, slot_grad: bool
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Backward of ``_mix_block`` (without dropout): ``p [n, R, k, C]``, ``w`` the weights as
-    ``[n, 1 or R, k, 1]``, ``flat [n, k*C, D]``, ``grad_mixed`` and ``q [n, R, D]`` -> the gradient of the
-    weights per row ``[n, R, k]`` (sum it over rows that share a weight), of ``q`` ``[n, R, D]``, and
-    of ``flat`` (or None unless ``slot_grad``)."""
-    n, R, k, C = p.shape
-    # mixed = sum_{i,s} a_is c_is with a = R_i p_is
-    grad_a = torch.bmm(grad_mixed, flat.transpose(1, 2)).view(n, R, k, C)
-    grad_w = (grad_a * p).sum(-1)
-    grad_p = grad_a * w
-    grad_scores = (p * (grad_p - (grad_p * p).sum(-1, keepdim=True))).view(n, R, k * C)  # softmax backward
-    grad_q = torch.bmm(grad_scores, flat)
-    if not slot_grad:
-        return grad_w, grad_q, None
-    # c_is enters through mixed (weight a_is) and the scores (q . c_is)
-    coeff = torch.cat([(p * w).view(n, R, k * C), grad_scores], 1).transpose(1, 2)  # [n, k*C, 2R]
-    return grad_w, grad_q, torch.bmm(coeff, torch.cat([grad_mixed, q], 1))
-
-
-def _mix_selected_chunks_autograd(
-    q, weights, table, slot_table, rows, dropout: float = 0.0, norm: bool = False, slot_encoding=None
-) -> Tensor:
-    """Reference of ``mix_selected_chunks`` in plain autograd (one block; saves the gathered chunks).
-    Used with attention dropout, and by the tests."""
-    n, k = rows.shape
-    flat_rows = rows.flatten()
-    chunks = table.index_select(0, flat_rows).view(n, k, *table.shape[1:])
-    chunks = _prepare_slots(chunks, norm, slot_encoding)
-    slots = slot_table.index_select(0, flat_rows).view(n, k, -1)
-    return _mix_block(q, weights, chunks, slots, dropout)[1]
-
-
-class _MixSelectedChunks(torch.autograd.Function):
-    """Blockwise forward, and a backward that gathers the chunks again instead of saving them.
-
-    Saves only the within-chunk softmax ``p [N, H, k, C]`` (a few numbers per selected slot), not the
-    gathered contents ``[N, k, C, D]``: memory stays O(N*k*C*H) and the gather buffers are small and
-    reused. ``table`` (the chunk contents) gets a gradient only when it requires one
-    (``memory_gradient=True``): scattered back to its rows with ``index_add_``. The slots are read
-    through ``_prepare_slots`` after the gather (and again in the backward).
-    """
-
-    @staticmethod
-    def forward(ctx, q, weights, table, slot_table, rows, block, norm, slot_encoding):
-        N, H, D = q.shape
-        k = rows.shape[1]
-        C = table.shape[1]
-        p = q.new_empty(N, H, k, C)
-        mixed = q.new_empty(N, H, D)
-        for start in range(0, N, block):
-            end = min(N, start + block)
-            r = rows[start:end].flatten()
-            chunks = _prepare_slots(table.index_select(0, r).view(end - start, k, C, D), norm, slot_encoding)
-            slots = slot_table.index_select(0, r).view(end - start, k, C)
-            p[start:end], mixed[start:end] = _mix_block(q[start:end], weights[start:end], chunks, slots)
-        ctx.save_for_backward(q, weights, table, rows, p)
-        ctx.block, ctx.norm, ctx.slot_encoding = block, norm, slot_encoding
-        return mixed
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_mixed):
-        q, weights, table, rows, p = ctx.saved_tensors
-        N, H, k, C = p.shape
-        D = q.shape[-1]
-        grad_q, grad_w = torch.empty_like(q), torch.empty_like(weights)
-        grad_table = torch.zeros_like(table) if ctx.needs_input_grad[2] else None
-        for start in range(0, N, ctx.block):
-            end = min(N, start + ctx.block)
-            n = end - start
-            raw = table.index_select(0, rows[start:end].flatten()).view(n, k * C, D)
-            flat = _prepare_slots(raw.view(n, k, C, D), ctx.norm, ctx.slot_encoding).view(n, k * C, D)
-            wb = weights[start:end][:, None, :, None]
-            grad_w_rows, grad_q[start:end], grad_flat = _mix_backward(
-                p[start:end], wb, flat, grad_mixed[start:end], q[start:end], grad_table is not None
-            )
-            grad_w[start:end] = grad_w_rows.sum(1)  # one weight per chunk, shared by the H heads
-            if grad_table is not None:
-                if ctx.norm:  # back through the LayerNorm of the slots (the encoding adds a constant)
-                    with torch.enable_grad():
-                        raw = raw.detach().requires_grad_()
-                        normed = F.layer_norm(raw, (D,))
-                    grad_flat = torch.autograd.grad(normed, raw, grad_flat)[0]
-                grad_table.index_add_(0, rows[start:end].flatten(), grad_flat.view(n * k, C, D))
-        return grad_q, grad_w, grad_table, None, None, None, None, None
-
-
-def mix_selected_chunks(
-    q: Tensor,
-    weights: Tensor,
-    table: Tensor,
-    slot_table: Tensor,
-    rows: Tensor,
-    norm: bool = False,
-    slot_encoding: Tensor | None = None,
-) -> Tensor:
-    """``mixed[n, h] = sum_i weights[n, i] sum_s p[n, h, i, s] c[rows[n, i], s]`` with
-    ``p = softmax_s(q[n, h] . c[rows[n, i], s])`` over the valid slots (``slot_table``), where the slots
-    read are ``c = LN(table)`` if ``norm`` else ``table``, plus ``slot_encoding [C, D]`` if given.
-
-    ``q [N, H, D]`` (content-space queries), ``weights [N, k]`` (``R_i``), ``table [R, C, D]`` (chunk
-    contents; usually detached), ``slot_table [R, C]``, ``rows [N, k]`` (each query's chunks). Runs in blocks of
-    queries with a recomputing backward (``_MixSelectedChunks``); equals
-    ``_mix_selected_chunks_autograd`` (tested).
-    """
-    k, C, D = rows.shape[1], table.shape[1], table.shape[2]
-    block = max(1, BLOCK_BYTES // (k * C * D * table.element_size()))
-    return _MixSelectedChunks.apply(q, weights, table, slot_table, rows, block, norm, slot_encoding)
-
-
-class _MixChunksDense(torch.autograd.Function):
-    """``mix_chunks_dense`` in blocks of batch rows, through ``_mix_block`` with the Q*H query rows of a
-    batch row as its rows; the backward recomputes the softmax (saves no ``[Q, H, M, C]`` tensor).
-    ``slots`` gets a gradient only when it requires one."""
-
-    @staticmethod
-    def forward(ctx, q, weights, slots, slot_valid, block):
-        B, Q, H, D = q.shape
-        mixed = q.new_empty(B, Q, H, D)
-        for start in range(0, B, block):
-            rows = slice(start, min(B, start + block))
-            _, mixed_rows = _mix_block(_rows(q[rows]), _rows(weights[rows], H), slots[rows], slot_valid[rows])
-            mixed[rows] = mixed_rows.view(-1, Q, H, D)
-        ctx.save_for_backward(q, weights, slots, slot_valid)
-        ctx.block = block
-        return mixed
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_mixed):
-        q, weights, slots, slot_valid = ctx.saved_tensors
-        B, Q, H, D = q.shape
-        M, C = slots.shape[1:3]
-        grad_q, grad_w = torch.empty_like(q), torch.empty_like(weights)
-        grad_slots = torch.empty_like(slots) if ctx.needs_input_grad[2] else None
-        for start in range(0, B, ctx.block):
-            rows = slice(start, min(B, start + ctx.block))
-            q_rows, flat = _rows(q[rows]), slots[rows].reshape(-1, M * C, D)
-            p = _within_chunk_softmax(q_rows, flat, slot_valid[rows])
-            grad_w_rows, grad_q_rows, grad_flat = _mix_backward(
-                p, _rows(weights[rows], H)[..., None], flat, _rows(grad_mixed[rows]), q_rows, grad_slots is not None
-            )
-            grad_w[rows] = grad_w_rows.view(-1, Q, H, M).sum(2)  # a query's weight is shared by its heads
-            grad_q[rows] = grad_q_rows.view(-1, Q, H, D)
-            if grad_slots is not None:
-                grad_slots[rows] = grad_flat.view(-1, M, C, D)
-        return grad_q, grad_w, grad_slots, None, None
-
-
-def _rows(t: Tensor, heads: int | None = None) -> Tensor:
-    """``[b, Q, H, D] -> [b, Q*H, D]`` (query rows), or with ``heads``: weights ``[b, Q, M]`` repeated for
-    each head, ``[b, Q*H, M]``."""
-    if heads is not None:
-        t = t[:, :, None].expand(-1, -1, heads, -1)
-    return t.reshape(t.shape[0], -1, t.shape[-1])
-
-
-def mix_chunks_dense(q: Tensor, weights: Tensor, slots: Tensor, slot_valid: Tensor, visible: Tensor) -> Tensor:
-    """What ``mix_selected_chunks`` computes, with every chunk a query may read at once: ``q [B, Q, H, D]``,
-    ``weights [B, Q, M]`` (``R_i`` of each query for every chunk of its row, zero for the unselected),
-    ``slots [B, M, C, D]`` (already read through ``_prepare_slots``), ``slot_valid [B, M, C]``,
-    ``visible [B, Q, M]`` (the chunks each query may read) -> ``mixed [B, Q, H, D] = sum_i weights_i
-    sum_s p_is slots_is``.
-
-    A speed-up, not a different function: the scores of a query with every slot are one matrix product
-    per row instead of a gather of k chunks per query, so it pays when the chunks the queries of a call
-    read are not many more than k (a long call over a short memory: supervised Ballet's episodes). The
-    unselected chunks cost arithmetic and get weight zero. The queries go in groups of
-    ``DENSE_QUERY_GROUP``, each scored only against the chunks one of its queries may read: with the
-    causal chunk mask of a long call (``HTMTransformer``), the early queries skip the later chunks.
-    """
-    H = q.shape[2]
-    mixed = []
-    # split, not a slice per group: the backward of a slice zero-fills a gradient the size of all of q
-    groups = zip(*(t.split(DENSE_QUERY_GROUP, dim=1) for t in (q, weights, visible)), strict=True)
-    for g_q, g_weights, g_visible in groups:
-        chunks = g_visible.any(1).any(0).nonzero()[:, 0]  # the chunks this group may read
-        if len(chunks) == 0:  # nothing to read: a zero read
-            mixed.append(torch.zeros_like(g_q))
-            continue
-        g_slots, g_valid = slots, slot_valid
-        if len(chunks) < slots.shape[1]:
-            g_weights, g_slots, g_valid = g_weights[..., chunks], slots[:, chunks], slot_valid[:, chunks]
-        M, C = g_slots.shape[1:3]
-        block = max(1, BLOCK_BYTES // (g_q.shape[1] * H * M * C * q.element_size()))
-        mixed.append(_MixChunksDense.apply(g_q, g_weights, g_slots, g_valid, block))
-    return torch.cat(mixed, dim=1)
-
-
-# =============================================================================================
 # 2. The hierarchical read (Section 2)
 # =============================================================================================
 
@@ -629,12 +364,9 @@ class HTMAttention(nn.Module):
     ``queries`` are the normed inputs (the layer applies the LayerNorm). ``mask [B, Q, M]`` hides
     chunks per query (True = may read). Cost: relevance O(Q*M), detail O(Q*k*C).
 
-    Speed-up (same function, a different order of the linear maps): the within-chunk attention is
-    computed in content space. Instead of projecting every chunk to keys/values and gathering them
-    per query (a gathered tensor that needs a gradient), the key projection is applied to the query
-    and the value/output projections after the k chunks are mixed, so only the detached contents of
-    the selected chunks are gathered. ``tests/test_htm.py`` checks outputs and gradients against the
-    per-chunk loop with the plain ``MultiHeadAttention``.
+    The within-chunk attention is computed in content space (see ``read``), and the mix of the
+    selected chunks by one of ``chronomem.ops.htm_mix``'s implementations of the same function:
+    ``read_impl="auto"`` (default), ``"gather"``, ``"dense"`` or ``"reference"`` (module docstring).
 
     ``memory_gradient=True`` (off by default; a deviation from Section 2's stop-gradient) lets
     gradients flow into the keys and contents it reads; see ``HTMTransformer``.
@@ -654,6 +386,7 @@ class HTMAttention(nn.Module):
         memory_gradient: bool = False,
         init_scale: float | None = 2.0,
         memory_norm: bool = False,
+        read_impl: str = "auto",
     ):
         super().__init__()
         check_heads(dim, num_heads)
@@ -665,6 +398,7 @@ class HTMAttention(nn.Module):
         self.position_encoding = position_encoding
         self.memory_gradient = memory_gradient
         self.memory_norm = memory_norm
+        self.read_impl = check_read_impl(read_impl)
         if position_encoding and dim % 2:
             raise ValueError(
                 f"dim must be even for the sinusoid position encoding of the chunk slots, got {dim}"
@@ -715,7 +449,7 @@ class HTMAttention(nn.Module):
         if not self.memory_gradient:  # Section 2: stop gradients into memory
             keys, contents = keys.detach(), contents.detach()
         if self.memory_norm:  # deviation (option): read LN(summary) and LN(step), as pre-LN TrXL reads LN(memory)
-            keys = F.layer_norm(keys, (D,))  # LN(step): below, with the slot encoding
+            keys = F.layer_norm(keys, (D,))  # LN(step): in the mix, with the slot encoding
         visible = valid[:, None, :].expand(B, Q, M)
         if mask is not None:
             visible = visible & mask
@@ -736,47 +470,27 @@ class HTMAttention(nn.Module):
         #                 = q~_h . c + (a term constant over the chunk, which the softmax cancels),
         #                   with q~_h = (W_k^h)^T (W_q^h x + b_q^h) / sqrt(Dh);
         #   MHA(x, C_i) = W_o concat_h[W_v^h (sum_s p_hs c_s) + b_v^h] + b_o,
-        # and the sum over the k chunks weighted by R_i is taken before W_v and W_o. The result is
-        # the same function (tested against the per-chunk loop), but only the detached contents
-        # are gathered: no gathered tensor needs a gradient, and there is no [Q*k, C] attention
-        # call per query. The within-chunk scores are [B, Q, H, k*C], a few per selected slot.
-        # LN(step) (memory_norm) and the slot encoding (positions on contents only) act slot by slot,
-        # so they may be applied before or after the gather: to the k*C gathered slots of each query
-        # when that is less work (a few queries, e.g. one step of an agent), else to the whole memory.
-        slot_encoding = self.slot_encoding if self.position_encoding else None
-        mha, C = self.within, contents.shape[2]
+        # and the sum over the k chunks weighted by R_i is taken before W_v and W_o. The same
+        # function (tested against the per-chunk loop), but only detached contents are gathered.
+        mha = self.within
         H, Dh = mha.num_heads, mha.head_dim
         w_k, w_v = mha.to_kv.weight.view(2, H, Dh, D).unbind(0)  # [H, Dh, D] each
         q = mha.to_q(queries).view(B, Q, H, Dh)  # the query is the normed input itself
         q_content = torch.einsum("bqhe,hed->bqhd", q, w_k) / math.sqrt(Dh)  # q~ [B, Q, H, D]
         # Memory query result = sum_i R_i * MHA(LN(x), C_i)   (Section 2), mixed before W_v, W_o
-        dropout = self.training and mha.dropout
-        readable = visible.any(1).any(0).nonzero()[:, 0] if Q >= DENSE_MIN_QUERIES and not dropout else None
-        if readable is not None and len(readable) <= DENSE_CHUNKS_PER_K * k:
-            # Few chunks read in all: every query scores every one it may read (mix_chunks_dense).
-            dense_weights = torch.zeros_like(logits).scatter(-1, top_idx, weights)
-            if len(readable) < M:
-                contents, slot_valid = contents[:, readable], slot_valid[:, readable]
-                dense_weights, visible = dense_weights[..., readable], visible[..., readable]
-            slots = _prepare_slots(contents, self.memory_norm, slot_encoding)
-            mixed = mix_chunks_dense(q_content, dense_weights, slots, slot_valid, visible).reshape(B * Q, H, D)
-        else:
-            norm_slots = self.memory_norm
-            if Q * k >= M:
-                contents, norm_slots, slot_encoding = _prepare_slots(contents, norm_slots, slot_encoding), False, None
-            rows = torch.arange(B, device=queries.device)[:, None, None] * M + top_idx  # [B, Q, k] into B*M
-            args = (
-                q_content.reshape(B * Q, H, D),
-                weights.reshape(B * Q, k),
-                contents.reshape(B * M, C, D),
-                slot_valid.reshape(B * M, C),
-                rows.view(B * Q, k),
-            )
-            if dropout:  # dropout on the within-chunk attention: the plain autograd path
-                mixed = _mix_selected_chunks_autograd(*args, mha.dropout, norm_slots, slot_encoding)
-            else:
-                mixed = mix_selected_chunks(*args, norm_slots, slot_encoding)  # [B*Q, H, D]
-        heads = torch.einsum("nhd,hed->nhe", mixed, w_v).reshape(B, Q, D)
+        mixed = mix_chunks(
+            q_content,
+            weights,
+            top_idx,
+            contents,
+            slot_valid,
+            visible,
+            impl=self.read_impl,
+            norm=self.memory_norm,
+            slot_encoding=self.slot_encoding if self.position_encoding else None,
+            dropout=mha.dropout if self.training else 0.0,
+        )  # [B, Q, H, D]
+        heads = torch.einsum("bqhd,hed->bqhe", mixed, w_v).reshape(B, Q, D)
         total = weights.sum(-1, keepdim=True)  # sum_i R_i: 1, or 0 for a query with no visible chunk
         if mha.to_kv.bias is not None:
             heads = heads + mha.to_kv.bias[D:] * total  # b_v, weighted like the chunks
@@ -830,6 +544,7 @@ class HTMLayer(nn.Module):
         relative_positions: bool = True,
         init_scale: float | None = 2.0,
         memory_norm: bool = False,
+        read_impl: str = "auto",
     ):
         super().__init__()
         self.norm_local = nn.LayerNorm(dim)
@@ -850,6 +565,7 @@ class HTMLayer(nn.Module):
             memory_gradient=memory_gradient,
             init_scale=init_scale,
             memory_norm=memory_norm,
+            read_impl=read_impl,
         )
         self.norm_ff = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, ff_mult, dropout)
@@ -900,6 +616,7 @@ class HTMTransformer(nn.Module):
         init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
         memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
         output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
+        read_impl: str = "auto"  # how the selected chunks are mixed: "auto", "gather", "dense", "reference"
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -920,6 +637,7 @@ class HTMTransformer(nn.Module):
             )
         if cfg.output_steps is not None:
             check_positive(cfg.output_steps, "output_steps")
+        check_read_impl(cfg.read_impl)
         self.dim = self.out_dim = cfg.dim
         self.cache_length = cfg.window - 1 + cfg.extra_length
         self.layers = nn.ModuleList(
@@ -935,6 +653,7 @@ class HTMTransformer(nn.Module):
                 relative_positions=cfg.relative_positions,
                 init_scale=cfg.init_scale,
                 memory_norm=cfg.memory_norm,
+                read_impl=cfg.read_impl,
             )
             for _ in range(cfg.depth)
         )
@@ -996,18 +715,23 @@ class HTMTransformer(nn.Module):
         mask = key_ok[:, :, None, :] & q_ok[None, :, :, None] & (kp <= q_pos[..., None]) & (kp >= lo[..., None])
         return LocalLayout(o, q_call.clamp(0, n - 1) + L, k_index.clamp(0, L + n - 1), mask)
 
-    def _chunks(self, memory: HierarchicalMemory, x: Tensor, lengths: Tensor):
-        """Stored chunks plus the chunks completing in this call, and the per-query visibility mask."""
+    def _read_and_store(self, memory: HierarchicalMemory, x: Tensor, lengths: Tensor):
+        """Build the chunks that complete in this call once; return what the call reads (``_chunks``)
+        and the memory after storing them (what ``memory.write(x, mask=mask)`` returns)."""
         new = memory.new_chunks(x, lengths, detach=not self.config.memory_gradient)
-        B, N = x.shape[:2]
-        M = memory.capacity
-        n = torch.arange(N, device=x.device)[None, :, None]  # query index in the call
+        return self._chunks(memory, new, x.shape[1]), memory._store(new)
+
+    def _chunks(self, memory: HierarchicalMemory, new: NewChunks, N: int):
+        """Stored chunks plus the ``new`` chunks completing in this call of ``N`` steps, and the
+        per-query visibility mask."""
+        M, device = memory.capacity, memory.keys.device
+        n = torch.arange(N, device=device)[None, :, None]  # query index in the call
         # Chunks committed before query n: the stored ones plus new chunks whose last step < n.
         new_seen = new.valid[:, None, :] & (new.end[:, None, :] < n)  # [B, N, K]
         before = memory.committed[:, None] + new_seen.sum(-1)  # [B, N]
         oldest = (before - M)[..., None]  # the ring buffer holds chunk ids >= before - M
         old_seen = memory.valid[:, None, :] & (memory.chunk_id[:, None, :] >= oldest)
-        new_ids = memory.committed[:, None] + torch.arange(new.keys.shape[1], device=x.device)[None, :]
+        new_ids = memory.committed[:, None] + torch.arange(new.keys.shape[1], device=device)[None, :]
         new_seen = new_seen & (new_ids[:, None, :] >= oldest)
         keys = torch.cat([memory.keys, new.keys.to(memory.keys.dtype)], 1)
         contents = torch.cat([memory.contents, new.contents.to(memory.contents.dtype)], 1)
@@ -1032,8 +756,8 @@ class HTMTransformer(nn.Module):
         if start and mask is not None and not bool(mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs
-            shared = self._chunks(state.memories[0], x, lengths)
-            memories = [state.memories[0].write(x, mask=mask)]
+            shared, stored = self._read_and_store(state.memories[0], x, lengths)
+            memories = [stored]
         else:
             memories = []
         tail_everywhere = bool(start) and cfg.shared_memory and self.cache_length == 0
@@ -1048,9 +772,9 @@ class HTMTransformer(nn.Module):
             context = torch.cat([cache.to(x.dtype), x], 1)
             if cfg.shared_memory:
                 chunks = shared
-            else:
-                chunks = self._chunks(state.memories[i], x, lengths)
-                memories.append(state.memories[i].write(x, mask=mask))  # each layer stores its input
+            else:  # each layer stores its input
+                chunks, stored = self._read_and_store(state.memories[i], x, lengths)
+                memories.append(stored)
             caches.append(_last_steps(context.detach(), lengths + self.cache_length, self.cache_length))
             if start and not tail_everywhere and i == len(self.layers) - 1:
                 tail = self._local_layout(state.position + start, lengths - start, N - start,

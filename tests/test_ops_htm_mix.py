@@ -1,0 +1,115 @@
+"""HTM's chunk-mixing kernels against their naive reference: values, gradients, gradcheck."""
+
+import pytest
+import torch
+
+from chronomem.ops.htm_mix import mix_chunks, mix_chunks_dense, mix_chunks_reference, mix_selected_chunks
+
+torch.set_num_threads(1)
+
+
+def reference_on_rows(q, weights, table, slot_table, rows, norm=False, slot_encoding=None):
+    """``mix_chunks_reference`` on ``mix_selected_chunks``'s flat rows: one batch row holding every chunk."""
+    return mix_chunks_reference(q[None], weights[None], rows[None], table[None], slot_table[None],
+                                norm, slot_encoding)[0]
+
+
+@pytest.mark.parametrize("rows_per_block", [1, 3, 1000])
+@pytest.mark.parametrize("slot_transform", [False, True])
+def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform):
+    """``mix_selected_chunks`` (blocks of queries, a backward that gathers again) == the reference,
+    values and gradients (into the table too), whatever the block size, also when the gathered slots
+    are read through LN and a slot encoding; and it passes gradcheck."""
+    g = torch.Generator().manual_seed(5)
+    N, H, k, C, D, R = 7, 2, 3, 4, 6, 5
+    table = (3 * torch.randn(R, C, D, generator=g, dtype=torch.float64) + 1).requires_grad_(True)
+    transform = (True, torch.randn(C, D, generator=g, dtype=torch.float64)) if slot_transform else (False, None)
+    slot_table = torch.rand(R, C, generator=g) > 0.3
+    slot_table[:, -1] = True
+    slot_table[2] = False  # an empty (invalid) chunk: read with weight 0
+    rows = torch.randint(R, (N, k), generator=g)
+    q = torch.randn(N, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = torch.softmax(torch.randn(N, k, generator=g, dtype=torch.float64), -1)
+    weights = torch.where(rows == 2, 0.0, weights).requires_grad_(True)
+    block_bytes = rows_per_block * k * C * D * 8
+    upstream = torch.randn(N, H, D, generator=g, dtype=torch.float64)
+    got = mix_selected_chunks(q, weights, table, slot_table, rows, *transform, block_bytes=block_bytes)
+    want = reference_on_rows(q, weights, table, slot_table, rows, *transform)
+    torch.testing.assert_close(got, want)
+    grads_got = torch.autograd.grad((got * upstream).sum(), (q, weights, table))
+    grads_want = torch.autograd.grad((want * upstream).sum(), (q, weights, table))
+    for a, b in zip(grads_got, grads_want, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b)
+    mix = lambda q, w, t: mix_selected_chunks(q, w, t, slot_table, rows, *transform, block_bytes=block_bytes)
+    assert torch.autograd.gradcheck(mix, (q, weights, table))
+
+
+@pytest.mark.parametrize("rows_per_block", [1, 1000])
+def test_dense_mix_matches_selected_mix(rows_per_block):
+    """``mix_chunks_dense`` (every query scores every chunk its group may read; the unselected get
+    weight 0) == the reference's gather of the selected chunks, values and gradients (into the slots
+    too), in blocks of one row or all rows, with groups of queries that may read different chunks or
+    none; and it passes gradcheck."""
+    g = torch.Generator().manual_seed(7)
+    B, Q, H, M, C, D, k = 3, 6, 2, 5, 3, 6, 2
+    slots = (2 * torch.randn(B, M, C, D, generator=g, dtype=torch.float64) + 1).requires_grad_(True)
+    slot_valid = torch.rand(B, M, C, generator=g) > 0.3
+    slot_valid[..., 0] = True
+    slot_valid[1, 2] = False  # an empty chunk: read with weight 0
+    visible = torch.rand(B, Q, M, generator=g) > 0.3
+    visible[1, :, 2] = False
+    visible[:, :2, 4] = False  # group 1 (queries 0-1) may not read chunk 4,
+    visible[:, 2:4, 0] = False  # group 2 not chunk 0,
+    visible[:, 4:] = False  # and group 3 nothing
+    scores = torch.randn(B, Q, M, generator=g).masked_fill(~visible, -1e9)
+    top_idx = scores.topk(k, -1).indices
+    weights = torch.softmax(torch.randn(B, Q, k, generator=g, dtype=torch.float64), -1).requires_grad_(True)
+    read = lambda w: torch.where(visible.gather(-1, top_idx), w, 0.0)  # as in HTMAttention.read
+    sizes = dict(query_group=2, block_bytes=rows_per_block * 2 * H * M * C * 8)
+    upstream = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64)
+
+    def dense(q, weights, slots):
+        weights = torch.zeros(B, Q, M, dtype=q.dtype).scatter(-1, top_idx, read(weights))
+        return mix_chunks_dense(q, weights, slots, slot_valid, visible, **sizes)
+
+    def gathered(q, weights, slots):
+        return mix_chunks_reference(q, read(weights), top_idx, slots, slot_valid)
+
+    q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    got, want = dense(q, weights, slots), gathered(q, weights, slots)
+    torch.testing.assert_close(got, want)
+    assert got[:, 4:].abs().max() == 0
+    grads_got = torch.autograd.grad((got * upstream).sum(), (q, weights, slots))
+    grads_want = torch.autograd.grad((want * upstream).sum(), (q, weights, slots))
+    for a, b in zip(grads_got, grads_want, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(dense, (q, weights, slots))
+
+
+@pytest.mark.parametrize("impl", ["auto", "gather", "dense"])
+@pytest.mark.parametrize("transform", [False, True])
+@pytest.mark.parametrize("Q", [1, 20])  # Q * k < M: slots transformed after the gather; >= M: before
+def test_mix_chunks_paths_match_the_reference(impl, transform, Q):
+    """``mix_chunks`` by each implementation's name == ``impl="reference"``, values and gradients into
+    the queries, weights and contents, through LN and the slot encoding or without them."""
+    g = torch.Generator().manual_seed(8)
+    B, H, M, C, D, k = 2, 2, 6, 4, 6, 2
+    contents = torch.randn(B, M, C, D, generator=g, dtype=torch.float64, requires_grad=True)
+    slot_valid = torch.rand(B, M, C, generator=g) > 0.3
+    slot_valid[..., -1] = True
+    visible = torch.rand(B, Q, M, generator=g) > 0.2
+    top_idx = torch.randn(B, Q, M, generator=g).masked_fill(~visible, -1e9).topk(k, -1).indices
+    weights = torch.softmax(torch.randn(B, Q, k, generator=g, dtype=torch.float64), -1)
+    weights = torch.where(visible.gather(-1, top_idx), weights, 0.0).requires_grad_(True)
+    q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    options = dict(norm=True, slot_encoding=torch.randn(C, D, generator=g, dtype=torch.float64)) if transform else {}
+    upstream = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64)
+    outputs = [mix_chunks(q, weights, top_idx, contents, slot_valid, visible, impl=name, **options)
+               for name in (impl, "reference")]
+    torch.testing.assert_close(*outputs)
+    grads = [torch.autograd.grad((out * upstream).sum(), (q, weights, contents)) for out in outputs]
+    for a, b in zip(*grads, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b)
