@@ -182,11 +182,11 @@ def test_collect_refuses_next_step_autoreset():
 
 def test_ppo_with_an_lstm_solves_cue_recall():
     """A cue at step 0, asked for at step 5: a memoryless policy earns 0.5, the LSTM agent ~1."""
-    args = Args(env=CUE, core="lstm", dim=32, hidden=32, num_envs=8, num_steps=32, num_minibatches=4,
-                total_frames=20480, lr=3e-3, seed=1, log_every=10, progress=False)
+    args = Args(env=CUE, core="lstm", dim=32, hidden=32, num_envs=8, num_steps=16, num_minibatches=2,
+                total_frames=6400, lr=5e-3, seed=1, log_every=2, progress=False)
     result = train(args)
     returns = [row["return_mean"] for row in result.history]
-    assert returns[0] < 0.8 and returns[-1] >= 0.9, returns
+    assert returns[0] < 0.8 and min(returns[-2:]) >= 0.9, returns
 
 
 def read_metrics(path):

@@ -89,13 +89,15 @@ def record_gif(agent: ActorCritic, env_id: str, path: str | Path, seed: int = 0,
         import imageio.v2 as imageio
     except ModuleNotFoundError:
         raise ModuleNotFoundError("--gif needs imageio: pip install 'chronomem[rl]'") from None
+    probe = make_env(env_id)
+    modes = probe.metadata.get("render_modes", [])
+    probe.close()
+    if "rgb_array" not in modes:
+        raise ValueError(f"--gif: {env_id} renders no rgb_array frames (its render modes: {modes})")
     env = make_env(env_id, render_mode="rgb_array")
     try:
         obs, _ = env.reset(seed=seed)
-        frame = env.render()
-        if frame is None:
-            raise ValueError(f"--gif: {env_id} renders no rgb_array frames")
-        frames, total, steps, done = [frame], 0.0, 0, False
+        frames, total, steps, done = [env.render()], 0.0, 0, False
         state = agent.initial_state(1, next(agent.parameters()).device)
         while not done:
             batched = obs_map(lambda x: np.asarray(x)[None], obs)

@@ -24,8 +24,8 @@ One update:
    rollout's start state (``state.select(rows)``) with ``done [b, T]`` inside the call, so the
    recomputed log-probabilities and values of the first minibatch equal those of the rollout (tested
    to 1e-5 for every core). Loss: the clipped surrogate (PPO eq. 7), the clipped value loss
-   (CleanRL's), minus the entropy bonus; advantages normalised per minibatch; gradient norm clipped;
-   the learning rate annealed linearly to 0 over the run.
+   (CleanRL's), minus the entropy bonus; advantages optionally normalised per minibatch
+   (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run.
 
 Deviations from CleanRL's LSTM PPO: its LSTM reset multiplies by ``1 - done``, the cores select
 (``torch.where``), so NaN never survives a reset; any core in place of its LSTM; truncation
@@ -74,7 +74,9 @@ class Args:
     gae_lambda: float = setting(0.95, "GAE's lambda")
     num_minibatches: int = setting(8, "minibatches per epoch, each of num_envs / num_minibatches whole env sequences")
     update_epochs: int = setting(4, "epochs over each rollout")
-    norm_adv: bool = setting(True, "normalise the advantages of each minibatch")
+    # Off by default, as in torch-ac and rl-starter-files (CleanRL's default is on): under sparse rewards
+    # the advantages before the first success are noise, which normalising blows up to full-size steps.
+    norm_adv: bool = setting(False, "normalise the advantages of each minibatch")
     clip_coef: float = setting(0.2, "clip range of the policy ratio (and of the value, with clip-vloss)")
     clip_vloss: bool = setting(True, "clip the value loss around the rollout's values")
     ent_coef: float = setting(0.01, "weight of the entropy bonus")
