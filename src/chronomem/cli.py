@@ -1,4 +1,4 @@
-"""The ``chronomem`` command: ``list``, ``train``, ``eval``, ``run``, ``report`` and ``bench``."""
+"""The ``chronomem`` command: ``list``, ``train``, ``eval``, ``run``, ``report``, ``bench`` and ``rl``."""
 
 from __future__ import annotations
 
@@ -280,6 +280,82 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _rl_resume_settings(values: dict, core_options: dict, saved: dict, run_dir: Path) -> None:
+    """Fail on a flag of ``chronomem rl train --resume`` that would change the resumed run."""
+    from chronomem.rl.ppo import Args
+
+    resumable = [f for f in dataclasses.fields(Args) if f.metadata.get("resumable")]
+    allowed = {f.name for f in resumable}
+    given = {config_flag(f): (values[f.name], saved["args"].get(f.name)) for f in dataclasses.fields(Args)
+             if f.name in values and f.name not in allowed and f.name != "out"}
+    saved_options = saved.get("core_options", {})
+    given.update({f"--core-opt {key}": (value, saved_options.get(key, "(not set)"))
+                  for key, value in core_options.items()})
+    for flag, (value, saved_value) in given.items():
+        if value != saved_value:
+            raise ValueError(f"{flag} {value} differs from the resumed run's saved value {saved_value} "
+                             f"({run_dir / 'config.json'}); with --resume only "
+                             f"{', '.join(config_flag(f) for f in resumable)} may change")
+    if values.get("out") is not None and Path(values["out"]).resolve() != run_dir.resolve():
+        raise ValueError(f"--out {values['out']}: a resumed run writes only into its own directory, {run_dir}; "
+                         "leave --out out (copy the run directory to continue a copy elsewhere)")
+
+
+def cmd_rl_train(args) -> int:
+    from chronomem.envs.minigrid import check_env_id
+    from chronomem.rl.ppo import Args, train
+    from chronomem.train.checkpoint import CheckpointError, load_config, locate_run
+
+    values = given_config(args, Args)
+    core_options = _parse_options(args.core_opt, "--core-opt")
+    if args.resume:
+        # As chronomem train: the run continues where its directory now is, with its saved settings.
+        run_dir, checkpoint = locate_run(Path(args.resume))
+        saved = load_config(run_dir)
+        if saved.get("kind") != "ppo":
+            raise CheckpointError(f"{run_dir / 'config.json'} is not a PPO run (written by chronomem rl train)")
+        _rl_resume_settings(values, core_options, saved, run_dir)
+        merged = {**saved["args"], **{k: v for k, v in values.items() if k != "out"}}
+        ppo_args = Args(**{**merged, "out": str(run_dir), "progress": values.get("progress", True)})
+        check_device(ppo_args.device)
+        result = train(ppo_args, saved.get("core_options", {}), resume=checkpoint)
+    else:
+        from chronomem.registry import get_model
+
+        ppo_args = Args(**values)
+        check_env_id(ppo_args.env)
+        get_model(ppo_args.core)  # an unknown name fails here, listing the valid ones
+        check_device(ppo_args.device)
+        if ppo_args.out is not None:
+            out = check_out_dir(ppo_args.out)
+            if (out / "config.json").exists():
+                raise ValueError(f"--out {out} already holds a run (config.json): continue it with --resume {out}, "
+                                 "or choose another --out")
+        result = train(ppo_args, core_options)
+    last = result.history[-1] if result.history else {}
+    print(json.dumps({"frames": result.frames, "seconds": round(result.seconds, 2),
+                      **{k: last[k] for k in ("return_mean", "length_mean", "sps") if k in last}}))
+    return 0
+
+
+def cmd_rl_eval(args) -> int:
+    from chronomem.rl.evaluate import evaluate, load_agent, record_gif
+
+    for flag, value in (("--episodes", args.episodes), ("--num-envs", args.num_envs)):
+        if value < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {value}")
+    check_device(args.device)
+    agent, saved, checkpoint = load_agent(args.run, args.env, args.device)
+    env = args.env or saved.env
+    result = {"run": str(checkpoint.parent.parent), "checkpoint": checkpoint.name,
+              **evaluate(agent, env, args.episodes, args.seed, args.num_envs, args.greedy)}
+    if args.gif:
+        check_out_dir(Path(args.gif).parent, "--gif").mkdir(parents=True, exist_ok=True)
+        result["gif_episode"] = record_gif(agent, env, args.gif, args.seed, args.greedy)
+    print(json.dumps(result))
+    return 0
+
+
 def write_output(path: str | Path, text: str, flag: str = "--out") -> Path:
     """Write ``text`` to the file ``path`` atomically (a reader never sees half of it), creating its directory."""
     from chronomem.train.checkpoint import write_text_atomic
@@ -428,6 +504,37 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (atomically), not stdout")
 
     sub.add_parser("bench", help="time and memory scaling benchmark (chronomem bench --help)", add_help=False)
+
+    from chronomem.rl.ppo import Args
+
+    agents = sub.add_parser("rl", help="agents: train with recurrent PPO (any causal core as memory), evaluate")
+    rl_sub = agents.add_subparsers(dest="rl_command", required=True)
+    rl_resumable = ", ".join(config_flag(f) for f in dataclasses.fields(Args) if f.metadata.get("resumable"))
+    rt = rl_sub.add_parser(
+        "train", help="train an agent with PPO on a Gymnasium environment",
+        description="Train an agent (an encoder, a causal core as memory, policy and value heads) with "
+        "recurrent PPO (docs/rl.md). With --resume DIR the run continues in DIR with its saved settings; only "
+        f"{rl_resumable} may be given, any other flag must match the saved value. The environments restart "
+        "with new seeds and the agent's memory starts empty.",
+    )
+    add_config_flags(rt, Args)
+    rt.add_argument("--core-opt", action="append", metavar="KEY=VALUE", help="core option, repeatable")
+    rt.add_argument("--resume", metavar="DIR",
+                    help="continue the run in DIR (a run directory or DIR/checkpoints/step_N), writing only into it")
+    rv = rl_sub.add_parser(
+        "eval", help="mean return of a trained agent over N episodes, printed as JSON",
+        description="Load a PPO run (its newest checkpoint, or RUN/checkpoints/step_N) and measure the mean "
+        "return over --episodes episodes of --env (default: the run's env; e.g. the large grid of a MiniGrid "
+        "pair); --gif writes one episode as an animated GIF.",
+    )
+    rv.add_argument("run", metavar="RUN", help="a run directory or one of its checkpoints")
+    rv.add_argument("--env", default=None, help="Gymnasium id (default: the run's env)")
+    rv.add_argument("--episodes", type=int, default=100, help="episodes (default %(default)s)")
+    rv.add_argument("--num-envs", type=int, default=16, help="environments stepped together (default %(default)s)")
+    rv.add_argument("--seed", type=int, default=0, help="seed of the environments and actions (default %(default)s)")
+    rv.add_argument("--greedy", action="store_true", help="take the most likely action (default: sample)")
+    rv.add_argument("--gif", metavar="FILE", default=None, help="write one episode as an animated GIF")
+    rv.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     return parser
 
 
@@ -441,7 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         if command == "bench":
             return cmd_bench(None, argv[1:])
         args = parser.parse_args(argv)
-        commands = {"list": cmd_list, "train": cmd_train, "eval": cmd_eval, "run": cmd_run, "report": cmd_report}
+        commands = {"list": cmd_list, "train": cmd_train, "eval": cmd_eval, "run": cmd_run, "report": cmd_report,
+                    "rl": lambda a: {"train": cmd_rl_train, "eval": cmd_rl_eval}[a.rl_command](a)}
         return commands[args.command](args)
     except (ValueError, TypeError, CheckpointError) as err:
         message = " ".join(str(err).split()) or type(err).__name__  # one line, as argparse's errors

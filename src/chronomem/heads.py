@@ -227,3 +227,44 @@ def build_model(
     if task.kind == "tag":
         return Tagger(backbone, dim, task.num_classes, **inputs)
     raise ValueError(f"task.kind must be 'tag' or 'classify', got {task.kind!r}")
+
+
+class ActorCritic(nn.Module):
+    """An agent around any core: ``observation -> encoder -> core -> (policy logits, value)``.
+
+    ``logits [B, N, num_actions], value [B, N], state = agent(obs, state=None, done=None)``: ``obs`` has
+    ``[B, N]`` in front (see ``chronomem.encoders``); ``done [B, N]`` (True where a step is the last of
+    its episode) goes to the core, which then resets the rows inside the call (docs/design.md, "Episode
+    boundaries"). Policy and value are two MLPs with one hidden layer of ``hidden`` units and tanh
+    (rl-starter-files' actor and critic), initialised orthogonally with gains sqrt(2), then 0.01 for
+    the policy's output and 1 for the value's (CleanRL's ``layer_init``), so the first policy is
+    near uniform.
+    """
+
+    def __init__(self, encoder: nn.Module, core: nn.Module, num_actions: int, hidden: int = 64):
+        super().__init__()
+        if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
+            raise ValueError(f"num_actions must be a positive int, got {num_actions!r}")
+        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
+            raise ValueError(f"hidden must be a positive int, got {hidden!r}")
+        self.encoder, self.core = encoder, core
+        out_dim = getattr(core, "out_dim", getattr(encoder, "dim", None))
+        self.actor = self._mlp(out_dim, hidden, num_actions, 0.01)
+        self.critic = self._mlp(out_dim, hidden, 1, 1.0)
+
+    @staticmethod
+    def _mlp(width: int, hidden: int, out: int, out_gain: float) -> nn.Sequential:
+        layers = [nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, out)]
+        for layer, gain in ((layers[0], 2**0.5), (layers[2], out_gain)):
+            nn.init.orthogonal_(layer.weight, gain)
+            nn.init.zeros_(layer.bias)
+        return nn.Sequential(*layers)
+
+    def initial_state(self, batch_size: int, device=None):
+        """The core's initial state for ``batch_size`` environments."""
+        return self.core.init_state(batch_size, device)
+
+    def forward(self, obs, state=None, done: Tensor | None = None):
+        x = self.encoder(obs)
+        y, state = self.core(x, state=state) if done is None else self.core(x, state=state, done=done)
+        return self.actor(y), self.critic(y).squeeze(-1), state

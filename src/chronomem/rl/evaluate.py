@@ -1,0 +1,111 @@
+"""Trained agents: load a PPO run, measure its mean return on any environment with the same
+observation and action spaces (MiniGrid's small-to-large transfer), and film an episode as a GIF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from chronomem.envs.minigrid import env_seeds, make_env, make_vector_env
+from chronomem.heads import ActorCritic
+from chronomem.rl.ppo import Args, as_tensor, make_agent, obs_map
+from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run
+from chronomem.train.distributed import default_device
+
+
+def load_agent(run: str | Path, env_id: str | None = None, device=None) -> tuple[ActorCritic, Args, Path]:
+    """``(agent, args, checkpoint)`` of a PPO run (a run directory: its newest checkpoint; or one of its
+    checkpoints), the agent built for ``env_id`` (default: the run's own env) in eval mode."""
+    run_dir, checkpoint = locate_run(Path(run))
+    saved = load_config(run_dir)
+    if saved.get("kind") != "ppo":
+        raise CheckpointError(f"{run_dir / 'config.json'} is not a PPO run (written by chronomem rl train)")
+    if checkpoint is None:
+        raise CheckpointError(f"no checkpoint in {run_dir}: expected {run_dir / 'checkpoints' / 'step_N'}")
+    args = Args(**saved["args"])
+    env = make_env(env_id or args.env)
+    try:
+        agent = make_agent(args, saved.get("core_options", {}), env.observation_space, env.action_space)
+    finally:
+        env.close()
+    load_weights(checkpoint, agent)
+    return agent.to(default_device(device)).eval(), args, checkpoint
+
+
+def _act(agent: ActorCritic, obs, state, greedy: bool):
+    device = next(agent.parameters()).device
+    logits, _, state = agent(obs_map(lambda x: x.unsqueeze(1), as_tensor(obs, device)), state)
+    logits = logits[:, 0]
+    action = logits.argmax(-1) if greedy else torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+    return action.cpu().numpy(), state
+
+
+@torch.inference_mode()
+def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0, num_envs: int = 16,
+             greedy: bool = False) -> dict[str, Any]:
+    """Mean return over ``episodes`` episodes of ``env_id`` (actions sampled, or the most likely with
+    ``greedy``). Environment i runs a fixed share of the episodes, so short episodes are not favoured
+    (counting the first ``episodes`` to end would be)."""
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
+    n = min(num_envs, episodes)
+    quota = [episodes // n + (i < episodes % n) for i in range(n)]
+    envs = make_vector_env(env_id, n)
+    try:
+        obs, _ = envs.reset(seed=env_seeds(seed, 0, n))
+        device = next(agent.parameters()).device
+        state = agent.initial_state(n, device)
+        running, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
+        finished: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        while any(len(done) < q for done, q in zip(finished, quota, strict=True)):
+            action, state = _act(agent, obs, state, greedy)
+            obs, reward, term, trunc, _ = envs.step(action)
+            running, lengths = running + reward, lengths + 1
+            done = term | trunc
+            for i in np.flatnonzero(done):
+                if len(finished[i]) < quota[i]:
+                    finished[i].append((float(running[i]), int(lengths[i])))
+            running[done], lengths[done] = 0.0, 0
+            if done.any():
+                state = state.reset(torch.as_tensor(done, device=device))
+    finally:
+        envs.close()
+    returns = np.array([r for env in finished for r, _ in env])
+    lengths = np.array([n for env in finished for _, n in env])
+    return {"env": env_id, "episodes": episodes, "return_mean": round(float(returns.mean()), 4),
+            "return_std": round(float(returns.std()), 4), "length_mean": round(float(lengths.mean()), 2),
+            "success_rate": round(float((returns > 0).mean()), 4)}
+
+
+@torch.inference_mode()
+def record_gif(agent: ActorCritic, env_id: str, path: str | Path, seed: int = 0, greedy: bool = False,
+               fps: int = 8) -> dict[str, Any]:
+    """Play one episode of ``env_id`` and write its frames (the env's ``rgb_array`` rendering) to ``path``
+    as an animated GIF; returns the episode's return and length."""
+    try:
+        import imageio.v2 as imageio
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("--gif needs imageio: pip install 'chronomem[rl]'") from None
+    probe = make_env(env_id)
+    modes = probe.metadata.get("render_modes", [])
+    probe.close()
+    if "rgb_array" not in modes:
+        raise ValueError(f"--gif: {env_id} renders no rgb_array frames (its render modes: {modes})")
+    env = make_env(env_id, render_mode="rgb_array")
+    try:
+        obs, _ = env.reset(seed=seed)
+        frames, total, steps, done = [env.render()], 0.0, 0, False
+        state = agent.initial_state(1, next(agent.parameters()).device)
+        while not done:
+            batched = obs_map(lambda x: np.asarray(x)[None], obs)
+            action, state = _act(agent, batched, state, greedy)
+            obs, reward, terminated, truncated, _ = env.step(int(action[0]))
+            frames.append(env.render())
+            total, steps, done = total + float(reward), steps + 1, terminated or truncated
+    finally:
+        env.close()
+    imageio.mimsave(str(path), frames, duration=1000 / fps, loop=0)
+    return {"gif": str(path), "return": round(total, 4), "length": steps}

@@ -1,0 +1,495 @@
+"""Recurrent PPO with any chronomem core as the agent's memory, top to bottom.
+
+CleanRL's ``ppo_atari_lstm.py`` is the model (one file, one ``Args`` dataclass); the memory is any
+causal core of the registry, driven through the core contract (docs/design.md): the agent acts one
+step at a time with its state carried, and learns by replaying whole stored sequences with the episode
+ends inside the call. PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms"; GAE:
+Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage Estimation".
+
+One update:
+
+1. **Rollout.** ``B = num_envs`` environments, ``T = num_steps`` steps each. At every step the agent
+   reads the observations ``[B, 1, ...]`` under ``torch.inference_mode`` with the state carried from
+   the previous step, samples actions, and the envs step. Rows whose episode ended get
+   ``state.reset(done)``. The state at the rollout's start is kept for the replay.
+2. **Autoreset and truncation.** The envs autoreset on the same step (``chronomem.envs.minigrid``):
+   the step that ends an episode returns the next episode's first observation and the final one in
+   ``info["final_obs"]``. A time-limit truncation is not a terminal state: its return is bootstrapped
+   with the value of the final observation, computed at once with the ended episode's state (before
+   the reset). A termination's next value is 0. Either way GAE stops at the episode's end, so no
+   advantage mixes two episodes.
+3. **GAE** (Schulman et al. 2016, eq. 16, with lambda-returns as value targets).
+4. **Learning.** ``update_epochs`` epochs; each splits the ``B`` envs into ``num_minibatches``
+   minibatches of whole env sequences (``T`` steps), replayed in one call of the agent from the
+   rollout's start state (``state.select(rows)``) with ``done [b, T]`` inside the call, so the
+   recomputed log-probabilities and values of the first minibatch equal those of the rollout (tested
+   to 1e-5 for every core). Loss: the clipped surrogate (PPO eq. 7), the clipped value loss
+   (CleanRL's), minus the entropy bonus; advantages optionally normalised per minibatch
+   (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run.
+
+Deviations from CleanRL's LSTM PPO: its LSTM reset multiplies by ``1 - done``, the cores select
+(``torch.where``), so NaN never survives a reset; any core in place of its LSTM; truncation
+bootstrapped (CleanRL treats it as terminal, as do torch-ac and rl-starter-files).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from chronomem.encoders import encoder_for
+from chronomem.envs.minigrid import env_seeds, make_vector_env
+from chronomem.heads import ActorCritic
+from chronomem.train.checkpoint import find_checkpoint, load_checkpoint, rewind, save_checkpoint, save_config
+from chronomem.train.distributed import default_device
+from chronomem.train.loop import setting
+from chronomem.train.metrics import MetricsLogger
+
+
+@dataclass
+class Args:
+    env: str = setting("MiniGrid-DoorKey-5x5-v0", "Gymnasium environment id (MiniGrid-*, chronomem/CueRecall-v0, ...)")
+    core: str = setting("lstm", "the agent's memory: a causal core of the registry (chronomem list)")
+    dim: int = setting(64, "the core's width (the encoder's output)")
+    depth: int = setting(1, "the core's layers")
+    heads: int = setting(4, "the core's attention heads (attention cores)")
+    hidden: int = setting(64, "hidden units of the policy and of the value MLP")
+    total_frames: int = setting(1_000_000, "environment steps of the run (rounded up to whole rollouts); with "
+                                "--resume the new total", resumable=True)
+    num_envs: int = setting(16, "environments stepped together (B)")
+    num_steps: int = setting(128, "steps per environment per rollout (T)")
+    async_envs: bool = setting(False, "step the environments in subprocesses (AsyncVectorEnv)", resumable=True)
+    lr: float = setting(1e-3, "Adam's learning rate")
+    anneal_lr: bool = setting(True, "anneal the learning rate linearly to 0 over the run")
+    gamma: float = setting(0.99, "discount")
+    gae_lambda: float = setting(0.95, "GAE's lambda")
+    num_minibatches: int = setting(8, "minibatches per epoch, each of num_envs / num_minibatches whole env sequences")
+    update_epochs: int = setting(4, "epochs over each rollout")
+    # Off by default, as in torch-ac and rl-starter-files (CleanRL's default is on): under sparse rewards
+    # the advantages before the first success are noise, which normalising blows up to full-size steps.
+    norm_adv: bool = setting(False, "normalise the advantages of each minibatch")
+    clip_coef: float = setting(0.2, "clip range of the policy ratio (and of the value, with clip-vloss)")
+    clip_vloss: bool = setting(True, "clip the value loss around the rollout's values")
+    ent_coef: float = setting(0.01, "weight of the entropy bonus")
+    vf_coef: float = setting(0.5, "weight of the value loss")
+    max_grad_norm: float = setting(0.5, "gradient-norm clip")
+    target_kl: float | None = setting(None, "end an update's epochs once the approximate KL exceeds this")
+    seed: int = setting(1, "seed of the weights, the actions and the environments")
+    torch_threads: int = setting(1, "torch threads (one is faster on 2 cores: the envs need the other)",
+                                 resumable=True)
+    log_every: int = setting(1, "updates between logged rows", resumable=True)
+    checkpoint_every: int = setting(0, "updates between checkpoints (0: only the final one)", resumable=True)
+    out: str | None = setting(None, "run directory (config.json, metrics.csv, checkpoints)")
+    progress: bool = setting(True, "show a progress bar or lines on stderr", resumable=True, aliases=("--quiet",))
+    device: str | None = setting(None, "cpu, cuda, cuda:1 ... (default: cuda if available)", resumable=True)
+
+    def __post_init__(self):
+        for name in ("dim", "depth", "heads", "hidden", "total_frames", "num_envs", "num_steps", "num_minibatches",
+                     "update_epochs", "torch_threads", "log_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.num_envs % self.num_minibatches:
+            raise ValueError(f"--num-minibatches {self.num_minibatches} must divide --num-envs {self.num_envs}: "
+                             "a minibatch holds whole environment sequences")
+        if self.num_envs // self.num_minibatches * self.num_steps < 2:
+            raise ValueError("a minibatch needs at least 2 steps (num_envs / num_minibatches * num_steps) to "
+                             "normalise its advantages")
+        for name, low, high in (("gamma", 0.0, 1.0), ("gae_lambda", 0.0, 1.0)):
+            value = getattr(self, name)
+            if not (low <= value <= high):
+                raise ValueError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got {value}")
+        for name in ("lr", "clip_coef", "max_grad_norm"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+        for name in ("ent_coef", "vf_coef"):
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise ValueError(f"--target-kl must be > 0 (or None), got {self.target_kl}")
+
+    @property
+    def frames_per_update(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return math.ceil(self.total_frames / self.frames_per_update)
+
+
+# =============================================================================================
+# The agent: encoder -> core -> policy and value
+# =============================================================================================
+
+# Agents act one step at a time and learn with episode ends inside a call: of Transformer-XL's two
+# memories only the sliding one (every query sees the mem_len steps before it) does both.
+CORE_DEFAULTS: dict[str, dict[str, Any]] = {"transformer-xl": {"memory_mode": "sliding"},
+                                             "gtrxl": {"memory_mode": "sliding"}}
+
+
+def make_agent(args: Args, core_options: dict[str, Any], observation_space, action_space) -> ActorCritic:
+    """The actor-critic for ``args.core`` (a registry name, ``core_options`` its builder's options).
+
+    A core the agent cannot use is a ValueError naming it: one that keeps no state between calls, or
+    that refuses episode ends inside a call (``done``), which the replay needs."""
+    from chronomem.registry import get_model
+
+    if not hasattr(action_space, "n"):
+        raise ValueError(f"PPO here needs a discrete action space, got {action_space}")
+    builder = get_model(args.core)
+    options = {**CORE_DEFAULTS.get(args.core, {}), **core_options}
+    try:
+        core = builder(args.dim, args.depth, args.heads, True, **options)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"--core {args.core} (options {options}): {err}") from None
+    check_agent_core(core, args.core, args.dim)
+    return ActorCritic(encoder_for(observation_space, args.dim), core, int(action_space.n), args.hidden)
+
+
+def check_agent_core(core: torch.nn.Module, name: str, dim: int) -> None:
+    """A ValueError naming ``name`` unless ``core`` carries a state and takes ``done`` inside a call."""
+    state = core.init_state(1)
+    if state is None:
+        raise ValueError(f"core {name!r} keeps no state between calls (init_state returns None): an agent "
+                         "acting one step at a time would see only the current step; use a recurrent core")
+    dtype = next(core.parameters()).dtype
+    x, done = torch.zeros(1, 2, dim, dtype=dtype), torch.tensor([[True, False]])
+    try:
+        with torch.no_grad():
+            core(x, state=state, done=done)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"core {name!r} does not take episode ends inside a call (done=...), which PPO's "
+                         f"replay of stored rollouts needs ({' '.join(str(err).split())})") from None
+
+
+# =============================================================================================
+# Observations: numpy arrays (or dicts of them) from the envs -> tensors with a time dimension
+# =============================================================================================
+
+
+def obs_map(fn, obs):
+    """``fn`` applied to an observation's tensor(s): one array, or each value of a dict."""
+    return {key: fn(value) for key, value in obs.items()} if isinstance(obs, dict) else fn(obs)
+
+
+def as_tensor(obs, device) -> Any:
+    return obs_map(lambda a: torch.as_tensor(np.asarray(a), device=device), obs)
+
+
+def stack_obs(observations: list) -> Any:
+    """One batched observation from a list of single ones (``info["final_obs"]`` holds them one by one)."""
+    if isinstance(observations[0], dict):
+        return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
+    return np.stack(observations)
+
+
+# =============================================================================================
+# 1. Rollout
+# =============================================================================================
+
+
+@dataclass
+class Rollout:
+    """``T`` steps of ``B`` envs, batch first (``[B, T]``), as the agent acted."""
+
+    obs: Any  # [B, T, ...]: a tensor or a dict of tensors
+    actions: Tensor  # [B, T] long
+    logprobs: Tensor  # [B, T] log pi(a_t | history) when acting
+    values: Tensor  # [B, T] V(history up to t) when acting
+    rewards: Tensor  # [B, T]
+    terminated: Tensor  # [B, T] bool: step t ended its episode in a terminal state
+    truncated: Tensor  # [B, T] bool: step t ended its episode by a time limit
+    final_values: Tensor  # [B, T] V(final observation) where truncated, else 0
+    next_value: Tensor  # [B] V(the observation after the rollout), the state carried
+    state: Any  # the agent's state at the rollout's start
+
+    @property
+    def done(self) -> Tensor:
+        return self.terminated | self.truncated
+
+
+class EpisodeTracker:
+    """Returns and lengths of the episodes as they end."""
+
+    def __init__(self, num_envs: int):
+        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+        self.finished: list[tuple[float, int]] = []
+
+    def step(self, rewards: np.ndarray, done: np.ndarray) -> None:
+        self.returns += rewards
+        self.lengths += 1
+        for i in np.flatnonzero(done):
+            self.finished.append((float(self.returns[i]), int(self.lengths[i])))
+        self.returns[done], self.lengths[done] = 0.0, 0
+
+    def take(self) -> list[tuple[float, int]]:
+        finished, self.finished = self.finished, []
+        return finished
+
+
+def sample(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """An action per row of ``logits [B, A]`` and its log-probability."""
+    logp = F.log_softmax(logits, -1)
+    action = torch.multinomial(logp.exp(), 1)
+    return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
+
+
+def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: EpisodeTracker | None = None):
+    """One rollout of ``num_steps`` steps from ``next_obs`` (the envs' current observations) and the
+    agent's ``state``; returns ``(rollout, next_obs, state)`` to continue from."""
+    mode = envs.metadata.get("autoreset_mode")
+    if mode != _same_step():
+        raise ValueError("the vector env must autoreset on the same step (autoreset_mode=SAME_STEP, as "
+                         f"chronomem.envs.minigrid.make_vector_env builds it), got {mode}")
+    device = next(agent.parameters()).device
+    B, T = envs.num_envs, num_steps
+    buffers = {name: torch.zeros(B, T, device=device) for name in ("logprobs", "values", "rewards", "final_values")}
+    actions = torch.zeros(B, T, dtype=torch.long, device=device)
+    terminated, truncated = (torch.zeros(B, T, dtype=torch.bool, device=device) for _ in range(2))
+    first = as_tensor(next_obs, device)
+    obs = obs_map(lambda x: x.new_zeros((B, T, *x.shape[1:])), first)
+    start_state = state
+    for t in range(T):
+        obs_t = first if t == 0 else as_tensor(next_obs, device)
+        for key, buffer in (obs.items() if isinstance(obs, dict) else [(None, obs)]):
+            buffer[:, t] = obs_t if key is None else obs_t[key]
+        with torch.inference_mode():
+            logits, value, state = agent(obs_map(lambda x: x.unsqueeze(1), obs_t), state)
+            action, logprob = sample(logits[:, 0])
+        next_obs, reward, term, trunc, info = envs.step(action.cpu().numpy())
+        actions[:, t], buffers["logprobs"][:, t], buffers["values"][:, t] = action, logprob, value[:, 0]
+        buffers["rewards"][:, t] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+        terminated[:, t] = torch.as_tensor(term, device=device)
+        truncated[:, t] = torch.as_tensor(trunc, device=device)
+        if trunc.any():  # bootstrap: the value of the final observation, with the ended episode's state
+            rows = np.flatnonzero(trunc)
+            final = as_tensor(stack_obs([info["final_obs"][i] for i in rows]), device)
+            index = torch.as_tensor(rows, device=device)
+            with torch.inference_mode():
+                _, final_value, _ = agent(obs_map(lambda x: x.unsqueeze(1), final), state.select(index))
+            buffers["final_values"][index, t] = final_value[:, 0]
+        done = term | trunc
+        if tracker is not None:
+            tracker.step(reward, done)
+        if done.any():
+            with torch.inference_mode():
+                state = state.reset(torch.as_tensor(done, device=device))
+    with torch.inference_mode():
+        _, next_value, _ = agent(obs_map(lambda x: x.unsqueeze(1), as_tensor(next_obs, device)), state)
+    rollout = Rollout(obs, actions, terminated=terminated, truncated=truncated, next_value=next_value[:, 0].clone(),
+                      state=start_state, **buffers)
+    return rollout, next_obs, state
+
+
+def _same_step():
+    import gymnasium as gym
+
+    return gym.vector.AutoresetMode.SAME_STEP
+
+
+# =============================================================================================
+# 2. GAE
+# =============================================================================================
+
+
+def gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[Tensor, Tensor]:
+    """``(advantages, returns)`` ``[B, T]`` (Schulman et al. 2016, eq. 16; returns = advantages + values).
+
+    The value after step t is the next step's, or after an episode's end the final observation's when
+    truncated and 0 when terminated; the sum of TD errors stops at every episode's end."""
+    values, T = rollout.values, rollout.values.shape[1]
+    advantages = torch.zeros_like(values)
+    last = torch.zeros_like(rollout.next_value)
+    for t in reversed(range(T)):
+        next_value = rollout.next_value if t == T - 1 else values[:, t + 1]
+        next_value = torch.where(rollout.truncated[:, t], rollout.final_values[:, t], next_value)
+        next_value = torch.where(rollout.terminated[:, t], 0.0, next_value)
+        delta = rollout.rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * gae_lambda * (~rollout.done[:, t]) * last
+        advantages[:, t] = last
+    return advantages, advantages + values
+
+
+# =============================================================================================
+# 3. Learning: replay whole env sequences from the rollout's start state, with done inside
+# =============================================================================================
+
+
+def replay(agent: ActorCritic, rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(log-probabilities, entropies, values)`` ``[b, T]`` of the rollout's actions in env rows ``rows``,
+    recomputed in one call from the rollout's start state."""
+    obs = obs_map(lambda x: x[rows], rollout.obs)
+    logits, values, _ = agent(obs, rollout.state.select(rows), done=rollout.done[rows])
+    logp = F.log_softmax(logits, -1)
+    logprobs = logp.gather(-1, rollout.actions[rows].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return logprobs, entropy, values
+
+
+def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout, advantages: Tensor,
+          returns: Tensor, args: Args) -> dict[str, float]:
+    """PPO's epochs over one rollout; the means of the losses and diagnostics over its minibatches."""
+    B = rollout.actions.shape[0]
+    per_minibatch = B // args.num_minibatches
+    sums: dict[str, float] = {}
+    count = 0
+    for _ in range(args.update_epochs):
+        order = torch.randperm(B, device=rollout.actions.device)
+        for start in range(0, B, per_minibatch):
+            rows = order[start : start + per_minibatch]
+            logprobs, entropy, values = replay(agent, rollout, rows)
+            logratio = logprobs - rollout.logprobs[rows]
+            ratio = logratio.exp()
+            adv = advantages[rows]
+            if args.norm_adv:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+            old_values, target = rollout.values[rows], returns[rows]
+            value_loss = (values - target).square()
+            if args.clip_vloss:
+                clipped = old_values + (values - old_values).clamp(-args.clip_coef, args.clip_coef)
+                value_loss = torch.max(value_loss, (clipped - target).square())
+            value_loss = 0.5 * value_loss.mean()
+            entropy = entropy.mean()
+            loss = policy_loss - args.ent_coef * entropy + args.vf_coef * value_loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean()  # the k3 estimator (CleanRL's approx_kl)
+                clip_fraction = ((ratio - 1).abs() > args.clip_coef).float().mean()
+            for name, value in (("policy_loss", policy_loss.detach()), ("value_loss", value_loss.detach()),
+                                ("entropy", entropy.detach()),
+                                ("approx_kl", approx_kl), ("clip_fraction", clip_fraction)):
+                sums[name] = sums.get(name, 0.0) + value.item()
+            count += 1
+        if args.target_kl is not None and float(approx_kl) > args.target_kl:
+            break
+    stats = {name: total / count for name, total in sums.items()}
+    variance = float(returns.var())
+    unexplained = float((returns - rollout.values).var())
+    stats["explained_variance"] = float("nan") if variance == 0 else 1 - unexplained / variance
+    return stats
+
+
+# =============================================================================================
+# 4. The run: envs, agent, updates, logs, checkpoints, resume
+# =============================================================================================
+
+
+@dataclass
+class PPOResult:
+    agent: ActorCritic
+    frames: int
+    seconds: float  # training seconds, those before a resume included
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train(args: Args, core_options: dict[str, Any] | None = None, resume: str | Path | None = None) -> PPOResult:
+    """Train an agent with ``args`` (``core_options``: the core builder's options).
+
+    With ``args.out`` the run writes ``config.json``, ``metrics.csv`` (+ TensorBoard when installed)
+    and checkpoints there (``chronomem.train.checkpoint``: safetensors weights, the optimizer and RNG
+    with ``torch.load(weights_only=True)``, written atomically). ``resume`` (a run directory or one of
+    its checkpoints) restores weights, optimizer, RNG, frame count and training seconds; the
+    environments restart with new seeds and new episodes, and the agent's memory starts empty (an
+    environment's state cannot be saved), so a resumed run is not the uninterrupted one step for step.
+    Sets torch's thread count to ``args.torch_threads`` while it runs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.torch_threads)
+    try:
+        return _train(args, dict(core_options or {}), resume)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(args: Args, core_options: dict[str, Any], resume) -> PPOResult:
+    from chronomem.rl.progress import FrameProgress
+
+    device = default_device(args.device)
+    torch.manual_seed(args.seed)
+    envs = make_vector_env(args.env, args.num_envs, asynchronous=args.async_envs)
+    try:
+        agent = make_agent(args, core_options, envs.single_observation_space, envs.single_action_space).to(device)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
+        frames, seconds_before = 0, 0.0
+        run_dir = Path(args.out) if args.out else None
+        if resume is not None:
+            checkpoint = find_checkpoint(Path(resume))
+            saved = load_checkpoint(checkpoint, agent, map_location=device)
+            frames, seconds_before = int(saved["step"]), float(saved["seconds"])
+            optimizer.load_state_dict(saved["optimizer"])
+            torch.set_rng_state(saved["rng"]["torch"])
+            if frames > args.num_updates * args.frames_per_update:
+                raise ValueError(f"--total-frames {args.total_frames} is below the checkpoint's {frames} frames "
+                                 f"({checkpoint}); --total-frames is the run's new total")
+        logger = MetricsLogger(run_dir)
+        if run_dir is not None:
+            if resume is not None:
+                rewind(run_dir, frames)
+            logger.rewind(frames)
+            save_config(run_dir, {"kind": "ppo", "args": dataclasses.asdict(args), "core_options": core_options})
+        reporter = FrameProgress(args.num_updates * args.frames_per_update, frames,
+                                 f"{args.core} on {args.env}, seed {args.seed}", args.progress)
+        next_obs, _ = envs.reset(seed=env_seeds(args.seed, frames, args.num_envs))
+        state = agent.initial_state(args.num_envs, device)
+        tracker = EpisodeTracker(args.num_envs)
+        history: list[dict[str, Any]] = []
+        update = frames // args.frames_per_update
+        saved_update = update if resume is not None else None
+        start, window_start, window_frames, window = time.perf_counter(), time.perf_counter(), 0, []
+        while update < args.num_updates:
+            update += 1
+            lr = args.lr * (1.0 - (update - 1) / args.num_updates) if args.anneal_lr else args.lr
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            agent.eval()  # acting and replay must compute the same function (no dropout)
+            rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker)
+            advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
+            stats = learn(agent, optimizer, rollout, advantages, returns, args)
+            frames += args.frames_per_update
+            window_frames += args.frames_per_update
+            window += tracker.take()
+            seconds = seconds_before + time.perf_counter() - start
+            if update % args.log_every == 0 or update == args.num_updates:
+                elapsed = time.perf_counter() - window_start
+                row = {"step": frames, "split": "train", "update": update,
+                       **({"return_mean": round(float(np.mean([r for r, _ in window])), 4),
+                           "length_mean": round(float(np.mean([n for _, n in window])), 2)} if window else {}),
+                       "episodes": len(window), **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
+                       "sps": round(window_frames / max(elapsed, 1e-9)), "seconds": round(seconds, 2)}
+                history.append(row)
+                logger.log(row)
+                reporter.update(frames, row["sps"], row.get("return_mean"))
+                window_start, window_frames, window = time.perf_counter(), 0, []
+            else:
+                reporter.update(frames)
+            if run_dir is not None and args.checkpoint_every and update % args.checkpoint_every == 0:
+                save_checkpoint(run_dir, frames, agent, _trainer_state(frames, optimizer, seconds))
+                saved_update = update
+        seconds = seconds_before + time.perf_counter() - start
+        if run_dir is not None and saved_update != update:
+            save_checkpoint(run_dir, frames, agent, _trainer_state(frames, optimizer, seconds))
+        reporter.close(frames, seconds, history[-1].get("return_mean") if history else None)
+        logger.close()
+        return PPOResult(agent, frames, seconds, history)
+    finally:
+        envs.close()
+
+
+def _trainer_state(frames: int, optimizer, seconds: float) -> dict[str, Any]:
+    return {"step": frames, "seconds": seconds, "optimizer": optimizer.state_dict(),
+            "rng": {"torch": torch.get_rng_state()}}

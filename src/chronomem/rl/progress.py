@@ -1,0 +1,58 @@
+"""Progress of an agent's training, in frames: a tqdm bar with frames per second and the mean return
+on a terminal, a plain line every ``LINE_INTERVAL`` seconds otherwise, and one summary line at the
+end. Written to stderr (the command's own output stays apart); silent when not ``enabled``."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm.auto import tqdm
+
+from chronomem.train.progress import LINE_INTERVAL, _duration
+
+
+class FrameProgress:
+    def __init__(self, total: int, initial: int, label: str, enabled: bool):
+        self.total, self.initial, self.label, self.enabled = total, initial, label, enabled
+        self.frames, self.sps, self.mean_return = initial, None, None
+        self.start = self.last_line = time.monotonic()
+        self.stream = sys.stderr
+        self.bar = None
+        if enabled and self.stream.isatty():
+            self.bar = tqdm(total=total, initial=initial, desc=label, unit="frame", unit_scale=True, leave=False,
+                            file=self.stream, dynamic_ncols=True)
+
+    def update(self, frames: int, sps: float | None = None, mean_return: float | None = None) -> None:
+        """``frames`` done; ``sps`` and ``mean_return`` are the latest logged values (None: unchanged)."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(frames - self.frames)
+        self.frames = frames
+        self.sps = self.sps if sps is None else sps
+        self.mean_return = self.mean_return if mean_return is None else mean_return
+        if self.bar is not None:
+            if sps is not None:
+                self.bar.set_postfix(sps=self.sps, ret=self.mean_return)
+            return
+        now = time.monotonic()
+        if now - self.last_line >= LINE_INTERVAL:
+            self.last_line = now
+            done = self.frames - self.initial
+            eta = (self.total - frames) * (now - self.start) / done if done else 0.0
+            ret = "" if self.mean_return is None else f", mean return {self.mean_return:.3f}"
+            sps = "" if self.sps is None else f", {self.sps:.0f} frames/s"
+            self._print(f"{frames}/{self.total} frames ({100 * frames / self.total:.0f}%){ret}{sps}, "
+                        f"ETA {_duration(eta)}")
+
+    def close(self, frames: int, seconds: float, mean_return: float | None) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        ret = "" if mean_return is None else f": mean return {mean_return:.3f} (last logged episodes)"
+        self._print(f"done, {frames} frames in {_duration(seconds)}{ret}")
+
+    def _print(self, text: str) -> None:
+        print(f"{self.label}: {text}", file=self.stream, flush=True)

@@ -1,0 +1,254 @@
+"""Recurrent PPO (chronomem.rl.ppo): replay == acting for every core, GAE against a naive loop, the
+same-step autoreset and truncation bootstrap, a memory task solved, resume, and bad input."""
+
+import csv
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from chronomem.envs.minigrid import make_vector_env
+from chronomem.registry import MODELS, _load
+from chronomem.rl.ppo import Args, Rollout, collect, gae, make_agent, obs_map, replay, train
+
+pytest.importorskip("gymnasium")
+torch.set_num_threads(1)
+
+CUE = "chronomem/CueRecall-v0"
+# Episodes of 2..7 steps, cut by a time limit of 5: terminations and truncations at different steps.
+STAGGERED = {"random_delay": True, "delay": 6, "max_episode_steps": 5}
+# Tiny options of each core, so that its memory fills, slides or chunks within a rollout of 12 steps.
+TINY = {
+    "relevance-rnn": {"buffer_size": 2, "relevant_size": 2},
+    "relevance-lstm": {"buffer_size": 2, "relevant_size": 2},
+    "transformer-xl": {"mem_len": 6},
+    "gtrxl": {"mem_len": 6},
+    "tlb": {"chunk_size": 4, "num_state": 4, "self_per_cross": 1},
+    "htm": {"chunk_size": 4, "memory_size": 4, "top_k": 2},
+}
+# make_agent's refusals: a core that cannot be an agent's memory (yet) is skipped with its reason.
+UNUSABLE = re.compile(r"does not take episode ends|keeps no state|no causal variant")
+
+
+def tiny_args(core: str = "lstm", **changes) -> Args:
+    values = dict(env=CUE, core=core, dim=16, depth=1, heads=2, hidden=16, num_envs=4, num_steps=12,
+                  num_minibatches=2, update_epochs=1, total_frames=48, progress=False)
+    return Args(**{**values, **changes})
+
+
+def agent_and_envs(core: str, seed: int = 0, num_envs: int = 4):
+    envs = make_vector_env(CUE, num_envs, **STAGGERED)
+    torch.manual_seed(seed)
+    try:
+        agent = make_agent(tiny_args(core, num_envs=num_envs), TINY.get(core, {}), envs.single_observation_space,
+                           envs.single_action_space)
+    except ValueError as err:
+        envs.close()
+        if UNUSABLE.search(str(err)):
+            pytest.skip(f"{core}: {err}")
+        raise
+    return agent.eval(), envs
+
+
+def registry_cores() -> list[str]:
+    _load()
+    return sorted(MODELS)
+
+
+@pytest.mark.parametrize("core", registry_cores())
+def test_replay_recomputes_the_acting_log_probabilities_and_values(core):
+    """The learner's replay (one call per minibatch of whole env sequences, from the rollout's start
+    state, with done inside) gives the log-probabilities and values recorded while acting one step at
+    a time: any state-handling difference between acting and learning shows here."""
+    agent, envs = agent_and_envs(core)
+    obs, _ = envs.reset(seed=[11, 12, 13, 14])
+    state = agent.initial_state(4)
+    _, obs, state = collect(agent, envs, obs, state, 12)  # the second rollout starts mid-episode
+    rollout, _, _ = collect(agent, envs, obs, state, 12)
+    envs.close()
+    assert rollout.terminated.any() and rollout.truncated.any()
+    assert rollout.done[:, :-1].any(0).sum() >= 2  # episode ends inside the replayed call
+    with torch.no_grad():
+        for rows in ([0, 1], [2, 3], [3, 0]):
+            rows = torch.tensor(rows)
+            logprobs, entropy, values = replay(agent, rollout, rows)
+            torch.testing.assert_close(logprobs, rollout.logprobs[rows], atol=1e-5, rtol=0)
+            torch.testing.assert_close(values, rollout.values[rows], atol=1e-5, rtol=0)
+            assert (entropy > 0).all()
+
+
+def naive_gae(r, v, term, trunc, final, next_v, gamma, lam):
+    """Per env and per step: the discounted sum of TD errors up to the episode's end or the rollout's."""
+    B, T = r.shape
+    adv = torch.zeros(B, T, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            total, weight = 0.0, 1.0
+            for k in range(t, T):
+                after = final[b, k] if trunc[b, k] else 0.0 if term[b, k] else (v[b, k + 1] if k + 1 < T else next_v[b])
+                total += weight * (r[b, k] + gamma * after - v[b, k])
+                if term[b, k] or trunc[b, k]:
+                    break
+                weight *= gamma * lam
+            adv[b, t] = total
+    return adv
+
+
+def random_rollout(seed: int, B: int = 3, T: int = 9) -> Rollout:
+    g = torch.Generator().manual_seed(seed)
+    term = torch.rand(B, T, generator=g) < 0.2
+    trunc = (torch.rand(B, T, generator=g) < 0.2) & ~term
+    term[0, -1], trunc[0, -1], trunc[1, 3], term[1, 3] = True, False, True, False
+    final = torch.where(trunc, torch.randn(B, T, generator=g, dtype=torch.float64), 0.0)
+    return Rollout(obs=None, actions=torch.zeros(B, T, dtype=torch.long), logprobs=torch.zeros(B, T),
+                   values=torch.randn(B, T, generator=g, dtype=torch.float64),
+                   rewards=torch.randn(B, T, generator=g, dtype=torch.float64), terminated=term, truncated=trunc,
+                   final_values=final, next_value=torch.randn(B, generator=g, dtype=torch.float64), state=None)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gae_matches_a_naive_loop_with_dones_and_truncations(seed):
+    r = random_rollout(seed)
+    advantages, returns = gae(r, 0.9, 0.8)
+    expected = naive_gae(r.rewards, r.values, r.terminated, r.truncated, r.final_values, r.next_value, 0.9, 0.8)
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns, expected + r.values)
+    # a truncated step bootstraps with the final observation's value; a terminal one with 0
+    assert advantages[1, 3] == pytest.approx(float(r.rewards[1, 3] + 0.9 * r.final_values[1, 3] - r.values[1, 3]))
+    assert advantages[0, -1] == pytest.approx(float(r.rewards[0, -1] - r.values[0, -1]))
+
+
+class RecordingEnvs:
+    """A vector env that keeps every step's ``info["final_obs"]``."""
+
+    def __init__(self, envs):
+        self.envs, self.final_obs = envs, []
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def step(self, actions):
+        out = self.envs.step(actions)
+        self.final_obs.append(out[4].get("final_obs"))
+        return out
+
+
+def test_same_step_autoreset_and_truncation_bootstrap():
+    """The step that ends an episode returns the next episode's first observation; the rollout keeps it
+    as the next step's input, resets the state there, bootstraps a truncation with the value of the
+    final observation under the ended episode's memory, and GAE stops at every episode's end."""
+    agent, envs = agent_and_envs("lstm", seed=3)
+    recording = RecordingEnvs(envs)
+    obs, _ = envs.reset(seed=[1, 2, 3, 4])
+    rollout, _, _ = collect(agent, recording, obs, agent.initial_state(4), 16)
+    envs.close()
+    done = rollout.done
+    assert rollout.truncated.any() and rollout.terminated.any()
+    fresh = agent.initial_state(1)
+    with torch.no_grad():
+        for b, t in done[:, :-1].nonzero().tolist():
+            first = rollout.obs[b, t + 1]
+            assert first[:-1].sum() == 1 and first[-1] == 0  # a new episode's cue, as Gymnasium returns it
+            _, value, _ = agent(first[None, None], fresh)  # the memory starts empty there
+            assert float(value) == pytest.approx(float(rollout.values[b, t + 1]), abs=1e-5)
+        for b, t in rollout.truncated.nonzero().tolist():  # each episode starts from the initial state
+            start = int(done[b, :t].nonzero().max()) + 1 if done[b, :t].any() else 0
+            episode = torch.cat([rollout.obs[b, start : t + 1], torch.as_tensor(recording.final_obs[t][b])[None]])
+            _, values, _ = agent(episode[None], fresh)
+            assert float(values[0, -1]) == pytest.approx(float(rollout.final_values[b, t]), abs=1e-5)
+            assert float(values[0, -1]) != pytest.approx(float(rollout.values[b, t]), abs=1e-5)
+        assert (rollout.final_values[~rollout.truncated] == 0).all()
+    advantages, _ = gae(rollout, 0.99, 0.95)
+    shifted = Rollout(**{**rollout.__dict__, "rewards": rollout.rewards.clone(), "values": rollout.values.clone()})
+    for b, t in done[:, :-1].nonzero().tolist():  # change the step after every end: nothing before it moves
+        shifted.rewards[b, t + 1] += 10.0
+        shifted.values[b, t + 1] += 10.0
+    changed, _ = gae(shifted, 0.99, 0.95)
+    torch.testing.assert_close(changed[done], advantages[done])
+
+
+def test_collect_refuses_next_step_autoreset():
+    import gymnasium as gym
+
+    agent, envs = agent_and_envs("lstm")
+    envs.close()
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(CUE)] * 2)  # Gymnasium's default: NEXT_STEP
+    obs, _ = envs.reset(seed=0)
+    with pytest.raises(ValueError, match="autoreset on the same step"):
+        collect(agent, envs, obs, agent.initial_state(2), 4)
+    envs.close()
+
+
+def test_ppo_with_an_lstm_solves_cue_recall():
+    """A cue at step 0, asked for at step 5: a memoryless policy earns 0.5, the LSTM agent ~1."""
+    args = Args(env=CUE, core="lstm", dim=32, hidden=32, num_envs=8, num_steps=16, num_minibatches=2,
+                total_frames=6400, lr=5e-3, seed=1, log_every=2, progress=False)
+    result = train(args)
+    returns = [row["return_mean"] for row in result.history]
+    assert returns[0] < 0.8 and min(returns[-2:]) >= 0.9, returns
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_resume_continues_the_run(tmp_path):
+    out = tmp_path / "run"
+    args = tiny_args(total_frames=96, checkpoint_every=1, out=str(out))
+    first = train(args)
+    assert first.frames == 96
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert checkpoints == ["step_00000048", "step_00000096"]
+    resumed = train(tiny_args(total_frames=192, checkpoint_every=1, out=str(out)), resume=out)
+    assert resumed.frames == 192 and resumed.seconds >= first.seconds
+    rows = read_metrics(out / "metrics.csv")
+    assert [int(r["step"]) for r in rows] == [48, 96, 144, 192]
+    # from an earlier checkpoint: the later rows and checkpoints are set aside, the run goes on from there
+    again = train(tiny_args(total_frames=192, checkpoint_every=1, out=str(out)), resume=out / "checkpoints" /
+                  "step_00000144")
+    assert again.frames == 192
+    assert (out / "checkpoints" / "step_00000192.discarded").is_dir()
+    assert [int(r["step"]) for r in read_metrics(out / "metrics.csv")] == [48, 96, 144, 192]
+    with pytest.raises(ValueError, match="--total-frames 48 is below the checkpoint's 192 frames"):
+        train(tiny_args(total_frames=48, out=str(out)), resume=out)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_minibatches": 3}, "--num-minibatches 3 must divide --num-envs 4"),
+    ({"num_envs": 0}, "--num-envs must be a positive integer, got 0"),
+    ({"gamma": 1.5}, r"--gamma must be in \[0.0, 1.0\], got 1.5"),
+    ({"lr": -1.0}, "--lr must be a positive number"),
+    ({"clip_coef": 0.0}, "--clip-coef must be a positive number"),
+    ({"ent_coef": -0.1}, "--ent-coef must be >= 0"),
+    ({"target_kl": 0.0}, "--target-kl must be > 0"),
+    ({"num_envs": 1, "num_minibatches": 1, "num_steps": 1}, "at least 2 steps"),
+])
+def test_bad_hyper_parameters_are_clear_errors(change, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_args(**change)
+
+
+def test_unknown_core_and_env_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown model 'nope'; valid names: .*lstm"):
+        train(tiny_args(core="nope"))
+    with pytest.raises(ValueError, match="--env 'MiniGrid-DoorKey-5x5-v9' is not a registered.*DoorKey-5x5-v0"):
+        train(tiny_args(env="MiniGrid-DoorKey-5x5-v9"))
+
+
+def test_a_core_without_state_or_done_is_refused_by_name():
+    envs = make_vector_env(CUE, 2)
+    spaces = envs.single_observation_space, envs.single_action_space
+    envs.close()
+    with pytest.raises(ValueError, match="core 'transformer' keeps no state between calls"):
+        make_agent(tiny_args("transformer"), {}, *spaces)
+    with pytest.raises(ValueError, match="core 'transformer-xl' does not take episode ends inside a call.*sliding"):
+        make_agent(tiny_args("transformer-xl"), {"memory_mode": "segment"}, *spaces)
+    with pytest.raises(TypeError, match="--core lstm .*unknown argument"):
+        make_agent(tiny_args("lstm"), {"nope": 1}, *spaces)
+
+
+def test_obs_map_handles_arrays_and_dicts():
+    assert obs_map(lambda x: x + 1, np.zeros(2)).tolist() == [1, 1]
+    assert obs_map(lambda x: x * 2, {"a": np.ones(1)})["a"].tolist() == [2]
