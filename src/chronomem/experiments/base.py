@@ -138,7 +138,7 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
         if created and not any(out.iterdir()):  # e.g. an unknown --models name: leave no empty directory
             out.rmdir()
         raise
-    if models is not None and "paper" not in produced:  # compare with the paper's rows of these models only
+    if "paper" not in produced:  # the paper's rows of the models that ran (a scale or --models may pick some)
         produced["paper"] = {m: row for m, row in experiment.paper.items() if m in produced["results"]}
     produced["config"] = {**produced.get("config", {}), "time_budget": time_budget}
     return finish(experiment, produced.get("scale", scale), out, produced, time.perf_counter() - start, seed)
