@@ -7,8 +7,9 @@ models (or only the ones named in ``models``, checked with ``select_models``), a
 
 where a value is a number (accuracy in %, or what ``metric`` says) or a string such as ``"OOM"``.
 ``run_experiment`` adds the paper's numbers and the wall time, and writes ``OUT/results.json``
-(schema of docs/design.md), ``OUT/report.md`` (ours beside the paper's, one row per model and
-setting) and ``OUT/results.png``. ``config["models"]`` names the models that ran.
+(keys ``experiment``, ``scale``, ``seed``, ``metric``, ``results``, ``paper``, ``config``, ``seconds``,
+``extra``), ``OUT/report.md`` (ours beside the paper's)
+and ``OUT/results.png``. ``config["models"]`` names the models that ran.
 
 A scale (``smoke``, ``tour``, ``quick``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
 that fixes step counts, never a wall-clock time: the same seed gives the same table on an idle

@@ -63,7 +63,7 @@ TRANSFER_MODELS = ("relevance-rnn", "relevance-lstm", "mem-rnn", "lstm")
 
 @dataclass(frozen=True, kw_only=True)
 class RelevanceScale(Scale):
-    """The authors' training (DESIGN.md 3.4): hidden 128, batch 10, RMSprop lr 1e-3 (alpha 0.99, torch's
+    """The authors' training (docs/relevance.md): hidden 128, batch 10, RMSprop lr 1e-3 (alpha 0.99, torch's
     default), clip 1.0."""
 
     hidden: int = 128
