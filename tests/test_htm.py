@@ -677,7 +677,7 @@ def test_ballet_experiment_smoke(tmp_path):
     for model, row in results["results"].items():  # one model per memory, evaluated per level
         assert set(row) == {"2_delay16"} and 0 <= row["2_delay16"] <= 100
         assert "accuracy_on_training_mixture" in results["extra"][model]
-    assert experiment.tour is not None and (tmp_path / "report.md").exists()
+    assert "tour" in experiment.scales and (tmp_path / "report.md").exists()
 
 
 def test_attention_initialisation_follows_the_released_module():

@@ -1,21 +1,27 @@
-"""An experiment reproduces one paper table: configs per scale, the paper's numbers, and a runner.
+"""An experiment reproduces one paper table: typed scales, the paper's numbers, and a runner.
 
-``Experiment.run(scale, out, seed, models=None)`` trains and evaluates the scale's models (or only the
-ones named in ``models``, checked with ``select_models``), and returns::
+``Experiment.run(scale, out, seed, models=None, time_budget=None)`` trains and evaluates the scale's
+models (or only the ones named in ``models``, checked with ``select_models``), and returns::
 
     {"results": {model: {setting: value}}, "config": {...}, "extra": {...optional...}}
 
 where a value is a number (accuracy in %, or what ``metric`` says) or a string such as ``"OOM"``.
 ``run_experiment`` adds the paper's numbers and the wall time, and writes ``OUT/results.json``
-(schema of DESIGN.md section 5), ``OUT/report.md`` (ours beside the paper's, cell by cell) and
-``OUT/results.png``. ``config["models"]`` names the models that ran.
+(keys ``experiment``, ``scale``, ``seed``, ``metric``, ``results``, ``paper``, ``config``, ``seconds``,
+``extra``), ``OUT/report.md`` (ours beside the paper's)
+and ``OUT/results.png``. ``config["models"]`` names the models that ran.
 
-``Experiment.tour(out, seed)`` (optional) is the experiment's entry in ``chronomem run tour``: the
-same return value at a budget of about three minutes per model on a 2-core CPU.
+A scale (``smoke``, ``tour``, ``quick``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
+that fixes step counts, never a wall-clock time: the same seed gives the same table on an idle
+machine and on a busy one. ``run_experiment(..., time_budget=seconds)`` is the explicit equal-time
+comparison: each model trains until that many seconds or its step count, whichever ends first, and
+the report says so. An experiment whose ``scales`` include ``"tour"`` contributes that scale's
+models to ``chronomem run tour`` (about a minute per model on a 2-core CPU).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,20 +31,51 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCALES = ("smoke", "quick", "paper")
+SCALES = ("smoke", "tour", "quick", "paper")
 Table = dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scale:
+    """What every scale of every experiment fixes: how long and how each model trains.
+
+    Experiments subclass it with their sizes; ``dataclasses.asdict`` of a scale is what results.json
+    records under ``config["scale"]``."""
+
+    steps: int  # optimiser steps per model: a count, not a time, so a seed gives one table everywhere
+    batch_size: int
+    lr: float
+    optimizer: str = "adamw"
+    schedule: str = "constant"  # a decay ("linear", "cosine") reaches 0 at ``steps`` (or at a time budget)
+    warmup: int = 0  # linear warm-up steps
+    clip: float | None = 1.0  # gradient-norm clipping (None: none)
+    eval_examples: int  # test examples per evaluated setting
+
+    def train_config(self, seed: int, time_budget: float | None = None, **options):
+        """The trainer's settings of one run at this scale; ``options`` override them (a model's own
+        optimiser). With ``time_budget`` (seconds) the run also stops at that time, and a decaying
+        schedule anneals over whichever of the steps and the budget ends first, so a run the clock
+        cuts short still ends at lr 0 (Li et al. 2020, "Budgeted training")."""
+        from chronomem.train import TrainConfig
+
+        settings = dict(steps=self.steps, batch_size=self.batch_size, lr=self.lr, optimizer=self.optimizer,
+                        schedule=self.schedule, warmup=self.warmup, clip=self.clip,
+                        eval_examples=self.eval_examples, seed=seed, progress=False)
+        settings.update(options)
+        annealed = time_budget is not None and settings["schedule"] != "constant"
+        return TrainConfig(**settings, time_budget=time_budget, anneal_by="budget" if annealed else "steps")
 
 
 @dataclass
 class Experiment:
     name: str
     description: str
-    run: Callable[..., dict]  # run(scale, out, seed, models=None) -> dict
+    run: Callable[..., dict]  # run(scale, out, seed, models=None, time_budget=None) -> dict
     paper: Table = field(default_factory=dict)
     metric: str = "test accuracy (%)"
     paper_source: str = ""
     notes: str = ""
-    tour: Callable[[Path, int], dict] | None = None
+    scales: tuple[str, ...] = ("smoke", "quick", "paper")  # with "tour": part of ``chronomem run tour``
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -49,6 +86,8 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def _json_default(obj):
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
     if hasattr(obj, "item"):
         return obj.item()
     if isinstance(obj, Path):
@@ -73,37 +112,46 @@ def select_models(available, models=None, experiment: str = "this experiment") -
 
 
 def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0, models=None,
-                   progress: bool = True) -> dict:
+                   progress: bool = True, time_budget: float | None = None) -> dict:
     """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs.
 
     ``progress``: every training run (each model and seed) shows its progress on stderr and ends with a
-    summary line (``chronomem.train.progress``), whatever its own ``TrainConfig.progress``."""
+    summary line (``chronomem.train.progress``), whatever its own ``TrainConfig.progress``.
+    ``time_budget``: seconds of training per model (an equal wall-clock comparison); each model stops at
+    the budget or at its scale's step count, whichever comes first. None (the default): step counts
+    only, so the same seed gives the same metrics on any machine."""
     from chronomem.train.progress import reporting
 
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    if scale not in experiment.scales:
+        raise ValueError(f"scale of {experiment.name} must be one of {experiment.scales}, got {scale!r}")
+    if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
+                                    or not (time_budget > 0 and math.isfinite(time_budget))):
+        raise ValueError(f"time_budget must be a positive number of seconds or None, got {time_budget!r}")
     out = Path(out)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
         with reporting(progress, label=experiment.name):
-            produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models))
+            produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models),
+                                      time_budget=time_budget)
     except Exception:
         if created and not any(out.iterdir()):  # e.g. an unknown --models name: leave no empty directory
             out.rmdir()
         raise
-    if models is not None and "paper" not in produced:  # compare with the paper's rows of these models only
+    if "paper" not in produced:  # the paper's rows of the models that ran (a scale or --models may pick some)
         produced["paper"] = {m: row for m, row in experiment.paper.items() if m in produced["results"]}
-    return finish(experiment, scale, out, produced, time.perf_counter() - start, seed)
+    produced["config"] = {**produced.get("config", {}), "time_budget": time_budget}
+    return finish(experiment, produced.get("scale", scale), out, produced, time.perf_counter() - start, seed)
 
 
 def finish(experiment: Experiment, scale: str, out: Path, produced: dict, seconds: float, seed: int) -> dict:
-    """Write results.json, report.md and results.png for what ``run`` (or ``tour``) produced."""
+    """Write results.json, report.md and results.png for what ``run`` produced."""
     results = {
         "experiment": experiment.name,
         "scale": scale,
         "seed": seed,
+        "metric": experiment.metric,
         "results": produced["results"],
         "paper": produced.get("paper", experiment.paper),
         "config": produced.get("config", {}),
@@ -125,8 +173,39 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def comparison_table(ours: Table, paper: Table) -> str:
-    """Markdown table, one row per model, each cell ``ours (paper)``."""
+TOUR_SEPARATOR = ": "  # the tour names its rows "experiment: model"
+
+
+def table_rows(ours: Table, paper: Table) -> list[tuple[str, str, Any, Any]]:
+    """``(model, setting, ours, paper)`` for every model and setting we report, in our order, then the
+    paper's models and settings we have no number for."""
+    rows = [(m, s, v, paper.get(m, {}).get(s)) for m, row in ours.items() for s, v in row.items()]
+    rows += [(m, s, None, p) for m, row in paper.items() for s, p in row.items() if s not in ours.get(m, {})]
+    return rows
+
+
+def several_experiments(ours: Table) -> bool:
+    """Whether the rows are named ``experiment: model`` (the tour's table of several experiments)."""
+    return bool(ours) and all(TOUR_SEPARATOR in model for model in ours)
+
+
+def comparison_table(ours: Table, paper: Table, metrics: dict[str, str] | None = None) -> str:
+    """Markdown table of our numbers beside the paper's.
+
+    One experiment: one row per model, one column per setting, each cell ``ours (paper)``. Several
+    experiments (rows named ``experiment: model``, the tour's), whose settings differ: long format,
+    one row per (experiment, model, setting) with the columns experiment, model, setting, ours, paper,
+    and ``metric`` when ``metrics`` (``{experiment: metric}``) is given."""
+    rows = table_rows(ours, paper)
+    if several_experiments(ours):
+        head = ["experiment", "model", "setting", "ours", "paper"] + (["metric"] if metrics else [])
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for model, setting, o, p in rows:
+            experiment, name = model.split(TOUR_SEPARATOR, 1)
+            cells = [experiment, name, setting, format_value(o), format_value(p)]
+            cells += [metrics.get(experiment, "")] if metrics else []
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
     models = list(ours) + [m for m in paper if m not in ours]
     settings: list[str] = []
     for table in (ours, paper):
@@ -134,24 +213,29 @@ def comparison_table(ours: Table, paper: Table) -> str:
             settings += [s for s in row if s not in settings]
     lines = ["| model | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
     for m in models:
-        cells = []
-        for s in settings:
-            o, p = ours.get(m, {}).get(s), paper.get(m, {}).get(s)
-            cells.append(f"{format_value(o)} ({format_value(p)})")
+        cells = [f"{format_value(ours.get(m, {}).get(s))} ({format_value(paper.get(m, {}).get(s))})"
+                 for s in settings]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def report_markdown(experiment: Experiment, results: dict) -> str:
+    budget = results["config"].get("time_budget")
+    protocol = (f"Each model trained for an equal wall-clock budget of {budget:g} s per model (or its "
+                "step count, whichever came first), so a slower model took fewer steps."
+                if budget is not None else "Each model trained for its scale's step count (no time budget).")
+    metrics = results.get("extra", {}).get("metrics")  # the tour's metric of each experiment
     parts = [
         f"# {experiment.name} — scale `{results['scale']}`",
         "",
         experiment.description,
         "",
-        f"Each cell: **ours** (paper). Metric: {experiment.metric}. "
-        + (f"Paper numbers: {experiment.paper_source}." if experiment.paper_source else ""),
+        ("" if several_experiments(results["results"]) else "Each cell: **ours** (paper). ")
+        + f"Metric: {experiment.metric}. "
+        + (f"Paper numbers: {experiment.paper_source}. " if experiment.paper_source else "")
+        + protocol,
         "",
-        comparison_table(results["results"], results["paper"]),
+        comparison_table(results["results"], results["paper"], metrics),
         "",
         f"Wall time: {results['seconds']:.0f} s, seed {results['seed']}.",
     ]
@@ -164,29 +248,42 @@ def report_markdown(experiment: Experiment, results: dict) -> str:
     return "\n".join(parts)
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
 def plot_results(results: dict, path: Path, metric: str) -> None:
-    """Grouped bars: ours (solid) and the paper's (hatched) per model and setting."""
+    """Horizontal bars, one group per (model, setting) labelled on the y axis: ours (solid) and, where
+    the paper has a number, the paper's (hatched) beside it. A value that is not a number ("OOM") is
+    written in place of its bar. The figure grows with the rows, so no label is clipped."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
-    ours, paper = results["results"], results["paper"]
-    keys = [(m, s) for m, row in ours.items() for s in row]
-    if not keys:
+    rows = table_rows(results["results"], results["paper"])
+    if not rows:
         return
-    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(keys) + 2), 3.5))
-    xs = range(len(keys))
-    num = lambda v: v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
-    ax.bar([x - 0.2 for x in xs], [num(ours[m][s]) for m, s in keys], 0.4, label="ours")
-    ax.bar([x + 0.2 for x in xs], [num(paper.get(m, {}).get(s)) for m, s in keys], 0.4, label="paper", hatch="//",
-           fill=False)
-    ax.set_xticks(list(xs), [f"{m}\n{s}" for m, s in keys], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(metric)
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(rows)))
+    ys = list(range(len(rows)))[::-1]  # the first row at the top
+    bar = 0.38
+    for y, (_, _, o, p) in zip(ys, rows, strict=True):
+        for value, offset, style in ((o, bar / 2, dict(color="C0")), (p, -bar / 2, dict(fill=False, hatch="//"))):
+            if _number(value) is not None:
+                ax.barh(y + offset, _number(value), bar, **style)
+                ax.text(_number(value), y + offset, f" {value:.1f}", va="center", fontsize=7)
+            elif value is not None:  # e.g. "OOM"
+                ax.text(0, y + offset, f" {value}", va="center", fontsize=7, color="C3")
+    handles = [Patch(color="C0", label="ours"), Patch(fill=False, hatch="//", label="paper")]
+    ax.set_yticks(ys, [f"{m} — {s}" for m, s, *_ in rows], fontsize=8)
+    ax.set_xlabel(metric)
+    ax.set_xlim(0, max([_number(v) or 0.0 for *_, o, p in rows for v in (o, p)] + [1.0]) * 1.15)
     ax.set_title(f"{results['experiment']} ({results['scale']})")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # the box grows to hold every label
     plt.close(fig)
 
 

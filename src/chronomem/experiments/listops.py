@@ -32,13 +32,11 @@ Scales:
 * ``quick``: a CPU-sized ListOps (50 < length < 150, 20,000 training expressions), one shared width
   for every model (64, as paper 002 Table 2) with each model's own defaults (TLB without the
   ``authors`` preset), chunk/segment 20 with 20 state/latent vectors (sequences span 3-8 segments, as LRA's
-  span 5-20 segments of 100), the paper's optimiser with lr 1e-3 (2,500 steps instead of thousands
-  of epochs' worth), 3 seeds, and the same wall-clock budget per seed for every model (280 s of
-  training, so that a model's 3 seeds fit in 15 minutes on 2 cores; a slower model takes fewer steps).
-  The linear decay runs over whichever ends first, the 2,500 steps or the budget (``anneal_by="budget"``),
-  so every model ends its run at lr 0: decaying over the steps alone left a model that the budget cut
-  at 900 steps at 64% of its peak lr while a faster one had annealed, a bias for the faster model.
-* ``tour``: TLB and BLRP only, one seed, about 3 minutes each. ``smoke``: seconds, for the tests.
+  span 5-20 segments of 100), the paper's optimiser with lr 1e-3 decaying linearly to 0, 3 seeds, and
+  the same 1,500 steps for every model (equal steps: a slower model takes longer; about an hour for
+  the 12 runs on 2 cores). ``run_experiment(..., time_budget=280)`` gives the equal-time comparison
+  instead, its decay annealed over the budget so that a model the clock cuts also ends at lr 0.
+* ``tour``: TLB and BLRP only, one seed, about a minute each. ``smoke``: seconds, for the tests.
 
 Deviations at ``paper`` scale (docs/listops.md lists them): the LRA Transformer pools a CLS token and
 its blocks use bias-free attention, LayerNorm eps 1e-6 and tanh GELU; ours mean-pools with our blocks.
@@ -53,9 +51,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, select_models, train_and_evaluate
+from chronomem.experiments.base import Experiment, Scale, select_models, train_and_evaluate
 from chronomem.registry import names, register_experiment
 from chronomem.tasks.listops import ListOpsTask
 
@@ -70,32 +69,60 @@ PAPER_LENGTH = {  # paper 002 Table 5: accuracy on test expressions joined k tim
 }
 FACTORS = (1, 2, 3, 4)
 
+
+@dataclass(frozen=True, kw_only=True)
+class ListOpsData:
+    """The generated splits (``ListOpsTask`` arguments); lengths are strict bounds, as LRA's."""
+
+    min_length: int
+    max_length: int
+    num_train: int
+    num_val: int
+    num_test: int
+
+
+CPU_DATA = ListOpsData(min_length=50, max_length=150, num_train=20_000, num_val=500, num_test=1_000)
+ALL_MODELS = ("transformer", "tlb", "blrp", "transformer-xl")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListOpsScale(Scale):
+    data: ListOpsData
+    # One width shared by every model (paper 002 Table 2: emb 64, FFN 128, 8 heads), like for like.
+    dim: int = 64
+    num_heads: int = 8
+    ff_mult: float = 2.0
+    segment: int = 20  # TLB chunk / BLRP segment / TrXL segment and memory: sequences span 3-8 of them
+    memory: int = 20  # TLB state / BLRP latent vectors
+    # paper 002 Sec. 4 / Table 2: AdamW, betas (0.9, 0.98), eps 1e-9, linear decay, clip 1
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    schedule: str = "linear"
+    seeds: int = 1  # seeds seed, seed + 1, ...; the table reports their mean
+    models: tuple[str, ...] = ALL_MODELS
+    own: tuple[str, ...] = ()  # configured from PAPER_MODELS (their sources); the others from the fields
+
+    def train_config(self, seed: int, time_budget: float | None = None, **options):
+        return super().train_config(seed, time_budget, **{"betas": self.betas, "eps": self.eps, **options})
+
+
 SCALES = {
-    "smoke": dict(
-        data=dict(min_length=10, max_length=40, num_train=64, num_val=16, num_test=32),
-        width=dict(dim=16, num_heads=2, ff_mult=2.0), segment=8, memory=8, lr=1e-3,
-        steps=3, batch_size=8, budget=None, eval_examples=32, seeds=1,
-        models=("transformer", "tlb", "blrp", "transformer-xl"),
-    ),
-    "tour": dict(
-        data=dict(min_length=50, max_length=150, num_train=20_000, num_val=500, num_test=1_000),
-        width=dict(dim=64, num_heads=8, ff_mult=2.0), segment=20, memory=20, lr=1e-3,
-        steps=1_500, batch_size=32, budget=160, eval_examples=1_000, seeds=1,
-        models=("tlb", "blrp"),
-    ),
-    "quick": dict(
-        data=dict(min_length=50, max_length=150, num_train=20_000, num_val=500, num_test=1_000),
-        width=dict(dim=64, num_heads=8, ff_mult=2.0), segment=20, memory=20, lr=1e-3,
-        steps=2_500, batch_size=32, budget=280, eval_examples=1_000, seeds=3,
-        models=("transformer", "tlb", "blrp", "transformer-xl"),
-    ),
-    "paper": dict(
-        data=dict(min_length=500, max_length=2000, num_train=96_000, num_val=2_000, num_test=2_000),
-        width=dict(dim=64, num_heads=8, ff_mult=2.0), segment=100, memory=100, lr=4e-4,
-        steps=5_000, batch_size=32, budget=None, eval_examples=2_000, seeds=3,
-        models=("transformer", "tlb", "blrp", "transformer-xl"),
-        own=("transformer", "tlb"),  # configured from PAPER_MODELS; the others from width/lr (Table 2)
-    ),
+    "smoke": ListOpsScale(data=ListOpsData(min_length=10, max_length=40, num_train=64, num_val=16, num_test=32),
+                          dim=16, num_heads=2, segment=8, memory=8, lr=1e-3, steps=3, batch_size=8,
+                          eval_examples=32),
+    # About a minute per model on 2 cores (BLRP, the slower, ~6 steps/s); 10,000 training expressions,
+    # as 400 steps of 32 see each about once (generating 20,000 took 45-65 s on a busy machine).
+    "tour": ListOpsScale(data=replace(CPU_DATA, num_train=10_000), lr=1e-3, steps=400,
+                         batch_size=32, eval_examples=1_000, models=("tlb", "blrp")),
+    # 1,500 steps: about the hour the 12 runs took under the 280 s per run this scale was sized for (the
+    # Transformer reached ~2,200 steps in 280 s, TLB ~1,700, BLRP ~1,000). CPU scales: lr 1e-3, as they
+    # train for only a few thousand steps.
+    "quick": ListOpsScale(data=CPU_DATA, lr=1e-3, steps=1_500, batch_size=32, eval_examples=1_000, seeds=3),
+    # LRA's data and step count (base_listops_config.py); paper 002 Table 2's lr 4e-4.
+    "paper": ListOpsScale(data=ListOpsData(min_length=500, max_length=2000, num_train=96_000, num_val=2_000,
+                                           num_test=2_000),
+                          segment=100, memory=100, lr=4e-4, steps=5_000, batch_size=32, eval_examples=2_000,
+                          seeds=3, own=("transformer", "tlb")),
 }
 
 # LRA's optimiser (lra_benchmarks/listops/train.py, create_optimizer; base_listops_config.py) and
@@ -120,43 +147,33 @@ PAPER_MODELS = {
 }
 
 
-def model_options(model: str, s: dict) -> dict:
-    """Model options at a scale. A model the scale configures from its source (``s["own"]``, the
+def model_options(model: str, s: ListOpsScale) -> dict:
+    """Model options at a scale. A model the scale configures from its source (``s.own``, the
     ``paper`` scale) takes ``PAPER_MODELS``; otherwise: one shared width, and two self-attention
     layers everywhere (TLB: R=2 self layers then one cross layer per chunk; BLRP: Theta_SELF has two)."""
-    if model in s.get("own", ()):
+    if model in s.own:
         return dict(PAPER_MODELS[model]["model"])
-    width = dict(s["width"])
+    width = dict(dim=s.dim, num_heads=s.num_heads, ff_mult=s.ff_mult)
     if model == "transformer":
         return {**width, "depth": 2}
     if model == "transformer-xl":
-        return {**width, "depth": 2, "segment_len": s["segment"], "mem_len": s["segment"]}
+        return {**width, "depth": 2, "segment_len": s.segment, "mem_len": s.segment}
     if model == "tlb":
-        return {**width, "depth": 1, "self_per_cross": 2, "chunk_size": s["segment"],
-                "num_state": s["memory"]}
+        return {**width, "depth": 1, "self_per_cross": 2, "chunk_size": s.segment, "num_state": s.memory}
     if model == "blrp":
-        return {**width, "depth": 2, "segment_size": s["segment"], "latent_size": s["memory"]}
+        return {**width, "depth": 2, "segment_size": s.segment, "latent_size": s.memory}
     raise ValueError(f"no ListOps settings for model {model!r}")
 
 
 def make_task(scale: str, seed: int) -> ListOpsTask:
-    return ListOpsTask(**SCALES[scale]["data"], seed=seed)
+    return ListOpsTask(**asdict(SCALES[scale].data), seed=seed)
 
 
-def train_config(scale: str, seed: int, model: str | None = None):
-    from chronomem.train import TrainConfig
-
+def train_config(scale: str, seed: int, model: str | None = None, time_budget: float | None = None):
+    """The trainer's settings of ``model`` at ``scale``: the scale's, or its source's optimiser and
+    schedule for a model the scale configures from its source."""
     s = SCALES[scale]
-    # paper 002 Sec. 4 / Table 2: AdamW, lr 4e-4, betas (0.9, 0.98), eps 1e-9, linear decay, batch 32
-    # (CPU scales: lr 1e-3, as they train for only a few thousand steps)
-    options = dict(
-        steps=s["steps"], batch_size=s["batch_size"], lr=s["lr"], optimizer="adamw", betas=(0.9, 0.98),
-        eps=1e-9, schedule="linear", clip=1.0, seed=seed, eval_examples=s["eval_examples"],
-        time_budget=s["budget"], anneal_by="budget" if s["budget"] else "steps", progress=False,
-    )
-    if model in s.get("own", ()):  # the model's source sets its optimiser and schedule
-        options.update(PAPER_MODELS[model]["train"])
-    return TrainConfig(**options)
+    return s.train_config(seed, time_budget, **(PAPER_MODELS[model]["train"] if model in s.own else {}))
 
 
 def describe_optimizer(config) -> str:
@@ -180,9 +197,10 @@ def _available(model: str) -> bool:
     return model in names()["models"]
 
 
-def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+               time_budget: float | None = None) -> dict:
     s = SCALES[scale]
-    models = select_models(s["models"], models, "listops")
+    models = select_models(s.models, models, "listops")
     task = make_task(scale, seed)
     results, extra = {}, {"per_seed": {}, "runs": {}}
     for model in models:
@@ -191,9 +209,9 @@ def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None 
             continue
         options = model_options(model, s)
         accuracies = []
-        for k in range(s["seeds"]):
+        for k in range(s.seeds):
             run_seed = seed + k
-            row = train_and_evaluate(model, task, options, train_config(scale, run_seed, model),
+            row = train_and_evaluate(model, task, options, train_config(scale, run_seed, model, time_budget),
                                      out=Path(out) / model / f"seed{run_seed}")
             accuracies.append(row["accuracy"])
             extra["runs"][f"{model}/seed{run_seed}"] = {
@@ -204,7 +222,7 @@ def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None 
         if len(accuracies) > 1:
             extra.setdefault("std", {})[model] = statistics.stdev(accuracies)
     extra["data"] = describe_data(task)
-    config = {"scale": s, "task": task.describe(), "models": {m: model_options(m, s) for m in models},
+    config = {"scale": asdict(s), "task": task.describe(), "models": {m: model_options(m, s) for m in models},
               "optimizer": {m: describe_optimizer(train_config(scale, seed, m)) for m in models},
               "sources": {m: MODEL_SOURCES[m] for m in models if m in MODEL_SOURCES}}
     return {"results": results, "config": config, "extra": extra}
@@ -224,12 +242,9 @@ def describe_data(task: ListOpsTask) -> dict:
     return info
 
 
-def _run_listops(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
-    return _train_all(scale, out, seed, models)
-
-
-def _tour(out: Path, seed: int) -> dict:
-    return _train_all("tour", out, seed)
+def _run_listops(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+                 time_budget: float | None = None) -> dict:
+    return _train_all(scale, out, seed, models, time_budget)
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,11 +281,11 @@ def _evaluate_lengths(run_dir: Path, scale: str, device=None) -> dict[str, float
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
     s = SCALES[scale]
-    batch = max(1, s["batch_size"] // 2)
+    batch = max(1, s.batch_size // 2)
     row: dict[str, float | str] = {}
     for k in FACTORS:
         try:
-            row[f"x{k}"] = evaluate(model, task.with_augment(k), batch, s["eval_examples"])["accuracy"]
+            row[f"x{k}"] = evaluate(model, task.with_augment(k), batch, s.eval_examples)["accuracy"]
         except torch.OutOfMemoryError:  # a full-attention model at 4x LRA length may not fit
             row[f"x{k}"] = "OOM"
             if device != "cpu":
@@ -284,14 +299,15 @@ def _mean(values: list) -> float | str:
     return strings[0] if strings else statistics.fmean(values)
 
 
-def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+                time_budget: float | None = None) -> dict:
     out = Path(out)
-    models = select_models(SCALES[scale]["models"], models, "listops-length")
+    models = select_models(SCALES[scale].models, models, "listops-length")
     listops_dir = out.parent / "listops"
     runs = _trained_runs(listops_dir, scale, models)
     source = str(listops_dir)
     if runs is None:  # train them here (same settings as the listops experiment)
-        trained = _train_all(scale, out / "listops", seed, models)
+        trained = _train_all(scale, out / "listops", seed, models, time_budget)
         (out / "listops").mkdir(parents=True, exist_ok=True)
         (out / "listops" / "results.json").write_text(json.dumps({"scale": scale, **trained}, default=str))
         runs = _trained_runs(out / "listops", scale, models) or {}
@@ -304,7 +320,7 @@ def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None
         x1, x4 = results[model]["x1"], results[model]["x4"]
         numbers = not isinstance(x1, str) and not isinstance(x4, str)
         kept[model] = round(x4 / max(x1, 1e-9), 3) if numbers else None
-    config = {"scale": SCALES[scale], "models": list(runs), "checkpoints": source, "factors": FACTORS}
+    config = {"scale": asdict(SCALES[scale]), "models": list(runs), "checkpoints": source, "factors": FACTORS}
     return {"results": results, "config": config,
             "extra": {"per_seed": per_seed, "x4_over_x1": kept}}
 
@@ -317,10 +333,11 @@ LISTOPS = register_experiment(
         paper=PAPER_ACCURACY,
         metric="test accuracy (%), mean over seeds",
         paper_source="paper 002 Table 1 (BLRP) and paper 003 Table 4 (TLB, Transformer), on LRA data",
-        notes="quick/tour/smoke use shorter expressions than LRA and one shared width (see config); chance "
+        notes="quick/tour/smoke use shorter expressions than LRA and one shared width (see config); every "
+        "model trains the same number of steps; chance "
         "is 10% and the majority class is in extra.data. At paper scale TLB is the authors' LRA model, the "
         "Transformer LRA's (emb 512, 4 layers) and BLRP paper 002 Table 2 (config.sources).",
-        tour=_tour,
+        scales=("smoke", "tour", "quick", "paper"),
     )
 )
 

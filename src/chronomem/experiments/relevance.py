@@ -21,10 +21,11 @@ T^2): a model whose step does not fit is ``"OOM"`` at that T.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from chronomem.bench.worker import OK, OOM, measure
-from chronomem.experiments.base import Experiment, select_models
+from chronomem.experiments.base import Experiment, Scale, select_models
 from chronomem.registry import register_experiment
 
 # --------------------------------------------------------------------------------------------
@@ -58,28 +59,54 @@ def model_options(model: str, hidden: int, nu: int, rho: int) -> dict:
 # --------------------------------------------------------------------------------------------
 
 TRANSFER_MODELS = ("relevance-rnn", "relevance-lstm", "mem-rnn", "lstm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelevanceScale(Scale):
+    """The authors' training (docs/relevance.md): hidden 128, batch 10, RMSprop lr 1e-3 (alpha 0.99, torch's
+    default), clip 1.0."""
+
+    hidden: int = 128
+    lr: float = 1e-3
+    optimizer: str = "rmsprop"
+    batch_size: int = 10
+    eval_batch: int = 50  # sequences per evaluation batch
+    cap_mb: int  # peak memory (MB) above the baseline of a measured process before it counts as OOM
+    models: tuple[str, ...] = TRANSFER_MODELS
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferScale(RelevanceScale):
+    train_T: int  # trained on Copy at this T...
+    eval: dict[int, int]  # ...and evaluated at each T on this many sequences
+    eval_examples: int = 16  # at train_T, in the training run itself (the table's T=train_T is in eval)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DenoiseScale(RelevanceScale):
+    T: tuple[int, ...]  # trained and evaluated at each of these T
+
+
 TRANSFER_SCALES = {
-    # eval: {T: number of evaluation sequences}; budget: training seconds per model;
-    # cap_mb: peak memory (MB) above the baseline of an evaluation process
-    "smoke": dict(train_T=10, eval={10: 8, 40: 8}, hidden=16, steps=3, batch=4, budget=None,
-                  eval_batch=8, cap_mb=4096, models=TRANSFER_MODELS),
-    "tour": dict(train_T=100, eval={100: 200, 200: 200, 400: 100, 2000: 20}, hidden=128, steps=100_000,
-                 batch=10, budget=150, eval_batch=50, cap_mb=2048, models=("relevance-rnn",)),
-    "quick": dict(train_T=100, eval={100: 500, 200: 500, 400: 200, 2000: 50, 5000: 20}, hidden=128,
-                  steps=100_000, batch=10, budget=780, eval_batch=50, cap_mb=2048, models=TRANSFER_MODELS),
-    "paper": dict(train_T=100, eval={100: 10_000, 200: 10_000, 400: 10_000, 2000: 10_000, 5000: 10_000},
-                  hidden=128, steps=100_000, batch=10, budget=None, eval_batch=100, cap_mb=16_384,
-                  models=TRANSFER_MODELS),
+    "smoke": TransferScale(train_T=10, eval={10: 8, 40: 8}, hidden=16, steps=3, batch_size=4, eval_batch=8,
+                           cap_mb=4096),
+    # About a minute of training on 2 cores (~10 steps/s), plus the evaluations up to T=2000.
+    "tour": TransferScale(train_T=100, eval={100: 200, 200: 200, 400: 100, 2000: 20}, steps=600, cap_mb=2048,
+                          models=("relevance-rnn",)),
+    # 7,000 steps: what RelevanceRNN reached in the 13 minutes this scale was sized for (one core).
+    "quick": TransferScale(train_T=100, eval={100: 500, 200: 500, 400: 200, 2000: 50, 5000: 20}, steps=7_000,
+                           cap_mb=2048),
+    "paper": TransferScale(train_T=100, eval={100: 10_000, 200: 10_000, 400: 10_000, 2000: 10_000, 5000: 10_000},
+                           steps=100_000, eval_batch=100, cap_mb=16_384),
 }
 DENOISE_SCALES = {
-    "smoke": dict(T=(5,), hidden=16, steps=3, batch=4, budget=None, eval_examples=8, cap_mb=4096,
-                  models=("relevance-rnn", "mem-rnn")),
-    "quick": dict(T=(100, 200), hidden=128, steps=100_000, batch=10, budget=400, eval_examples=500,
-                  cap_mb=4096, models=TRANSFER_MODELS),
-    "paper": dict(T=(100, 300, 500, 1000, 2000), hidden=128, steps=100_000, batch=10, budget=None,
-                  eval_examples=10_000, cap_mb=16_384, models=TRANSFER_MODELS),
+    "smoke": DenoiseScale(T=(5,), hidden=16, steps=3, batch_size=4, eval_examples=8, cap_mb=4096,
+                          models=("relevance-rnn", "mem-rnn")),
+    # 2,500 steps per T: the ~13 minutes per model the two T's took under this scale's former 400 s
+    # each (RelevanceRNN ~9 steps/s at T=100, ~4.5 at T=200).
+    "quick": DenoiseScale(T=(100, 200), steps=2_500, eval_examples=500, cap_mb=4096),
+    "paper": DenoiseScale(T=(100, 300, 500, 1000, 2000), steps=100_000, eval_examples=10_000, cap_mb=16_384),
 }
-OPTIM = dict(lr=1e-3, optimizer="rmsprop", clip=1.0)  # the authors' RMSprop (alpha 0.99 = torch default)
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,15 +165,13 @@ def run_capped(request: dict, timeout: float | None = None) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def _train(model: str, task, options: dict, s: dict, seed: int, eval_examples: int, out: Path | None):
+def _train(model: str, task, options: dict, s: RelevanceScale, seed: int, time_budget: float | None):
     import torch
 
     from chronomem.heads import build_model
-    from chronomem.train import TrainConfig, train
+    from chronomem.train import train
 
-    cfg = TrainConfig(steps=s["steps"], batch_size=s["batch"], seed=seed, eval_examples=eval_examples,
-                      eval_batch_size=min(50, eval_examples), time_budget=s["budget"], progress=False,
-                      out=None if out is None else str(out), **OPTIM)
+    cfg = s.train_config(seed, time_budget, eval_batch_size=min(s.eval_batch, s.eval_examples))
     torch.manual_seed(seed)
     net = build_model(model, task, **options)
     spec = {"model": model, "model_options": options, "task": task.name,
@@ -163,23 +188,25 @@ def _train(model: str, task, options: dict, s: dict, seed: int, eval_examples: i
 # --------------------------------------------------------------------------------------------
 
 
-def _run_transfer(s: dict, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+def _run_transfer(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+                  time_budget: float | None = None) -> dict:
     import torch
 
     from chronomem.tasks.copy import CopyTask
 
+    s = TRANSFER_SCALES[scale]
     out = Path(out)
-    configs = {m: model_options(m, s["hidden"], nu=10, rho=15)
-               for m in select_models(s["models"], models, "transfer-copy")}
-    train_task = CopyTask(seq_len=s["train_T"])
+    configs = {m: model_options(m, s.hidden, nu=10, rho=15)
+               for m in select_models(s.models, models, "transfer-copy")}
+    train_task = CopyTask(seq_len=s.train_T)
     results, peaks, deltas, info = {}, {}, {}, {}
     for model, options in configs.items():
-        net, info[model] = _train(model, train_task, options, s, seed, eval_examples=16, out=None)
+        net, info[model] = _train(model, train_task, options, s, seed, time_budget)
         weights = out / f"{model}.weights.pt"
         torch.save(net.state_dict(), weights)
         results[model], peaks[model], deltas[model] = {}, {}, {}
         oom = False
-        for T, n in sorted(s["eval"].items()):
+        for T, n in sorted(s.eval.items()):
             key = f"T={T}"
             if oom:  # memory only grows with T
                 results[model][key] = "OOM"
@@ -187,7 +214,7 @@ def _run_transfer(s: dict, out: Path, seed: int, models: tuple[str, ...] | None 
             start = time.perf_counter()
             answer = run_capped({"mode": "eval", "task": "copy", "task_options": {"seq_len": T},
                                  "model": model, "model_options": options, "weights": str(weights),
-                                 "cap_mb": s["cap_mb"], "batch_size": min(s["eval_batch"], n),
+                                 "cap_mb": s.cap_mb, "batch_size": min(s.eval_batch, n),
                                  "num_examples": n})
             if answer["status"] == OOM:
                 oom = True
@@ -200,8 +227,7 @@ def _run_transfer(s: dict, out: Path, seed: int, models: tuple[str, ...] | None 
             info[model].setdefault("eval_seconds", {})[key] = round(time.perf_counter() - start, 1)
             info[model]["baseline_mb"] = answer["baseline_rss_mb"]
         weights.unlink(missing_ok=True)
-    config = {"scale": {k: (v if k != "eval" else {str(t): n for t, n in v.items()}) for k, v in s.items()},
-              "models": configs, "nu": 10, "rho": 15, **OPTIM}
+    config = {"scale": asdict(s), "models": configs, "nu": 10, "rho": 15}
     extra = {"peak_memory_mb": peaks, "delta_memory_mb": deltas, "runs": info,
              "memory_note": "peak resident memory (MB) of the evaluation process, including the "
                             "interpreter and torch (runs[model].baseline_mb), and the peak above that "
@@ -214,15 +240,15 @@ TRANSFER = register_experiment(
     Experiment(
         name="transfer-copy",
         description="Transfer Copy: train on Copy at T=100, evaluate at longer T (paper 004 Table 1).",
-        run=lambda scale, out, seed, models=None: _run_transfer(TRANSFER_SCALES[scale], out, seed, models),
+        run=_run_transfer,
         paper=PAPER_TRANSFER,
         metric="accuracy on the 10 copied symbols (%)",
         paper_source="paper 004 Table 1",
         notes="Evaluations run in fresh processes measured as `chronomem bench` measures (docs/benchmarks.md); "
               "OOM means the evaluation's peak memory above its baseline passed config cap_mb. "
               "extra.delta_memory_mb shows the growth with T. "
-              "Quick scale trains each model for at most 13 minutes on CPU (the paper trains far longer).",
-        tour=lambda out, seed: _run_transfer(TRANSFER_SCALES["tour"], out, seed),
+              "Quick scale trains each model 7,000 steps (the paper trains far longer).",
+        scales=("smoke", "tour", "quick", "paper"),
     )
 )
 
@@ -232,31 +258,32 @@ TRANSFER = register_experiment(
 # --------------------------------------------------------------------------------------------
 
 
-def _run_denoise(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+def _run_denoise(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+                 time_budget: float | None = None) -> dict:
     from chronomem.tasks.denoise import DenoiseTask
 
     s = DENOISE_SCALES[scale]
-    configs = {m: model_options(m, s["hidden"], nu=15, rho=15)
-               for m in select_models(s["models"], models, "denoise")}
+    configs = {m: model_options(m, s.hidden, nu=15, rho=15)
+               for m in select_models(s.models, models, "denoise")}
     results, peaks, deltas, info = {}, {}, {}, {}
     for model, options in configs.items():
         results[model], peaks[model], deltas[model], info[model] = {}, {}, {}, {}
         oom = False
-        for T in s["T"]:
+        for T in s.T:
             key = f"T={T}"
             probe = None if oom else run_capped(
                 {"mode": "train", "task": "denoise", "task_options": {"seq_len": T}, "model": model,
-                 "model_options": options, "weights": None, "cap_mb": s["cap_mb"], "batch_size": s["batch"]})
+                 "model_options": options, "weights": None, "cap_mb": s.cap_mb, "batch_size": s.batch_size})
             if oom or probe["status"] == OOM:
                 oom = True
                 results[model][key] = "OOM"
                 continue
             peaks[model][key] = probe["peak_rss_mb"]
             deltas[model][key] = probe["delta_rss_mb"]
-            _, row = _train(model, DenoiseTask(seq_len=T), options, s, seed, s["eval_examples"], out=None)
+            _, row = _train(model, DenoiseTask(seq_len=T), options, s, seed, time_budget)
             results[model][key] = round(row.pop("train_T_accuracy"), 2)
             info[model][key] = row
-    config = {"scale": dict(s), "models": configs, "nu": 15, "rho": 15, **OPTIM}
+    config = {"scale": asdict(s), "models": configs, "nu": 15, "rho": 15}
     extra = {"peak_memory_mb": peaks, "delta_memory_mb": deltas, "runs": info,
              "memory_note": "peak resident memory (MB) of one training step (forward + backward) at each T "
                             "in a fresh process, and the peak above its baseline (delta); OOM = the peak "
@@ -273,7 +300,7 @@ DENOISE = register_experiment(
         paper=PAPER_DENOISE,
         metric="accuracy on the 10 output symbols (%)",
         paper_source="paper 004 Table 2",
-        notes="Quick scale runs T = 100 and 200 only, at most ~7 minutes of training per model and T. "
+        notes="Quick scale runs T = 100 and 200 only, 2,500 training steps per model and T. "
               "One training step per T is probed first in a fresh process measured as `chronomem bench` "
               "measures (OOM: peak above the baseline past config cap_mb).",
     )

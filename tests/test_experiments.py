@@ -1,0 +1,162 @@
+"""The experiment runner: typed scales of step counts, reproducible smoke runs, the explicit time
+budget, results.json's metric, and the tour's long table and plot."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from chronomem.experiments import base, htm, listops, relevance, tour
+from chronomem.experiments import copy_baselines as copy
+from chronomem.experiments.base import Experiment, Scale, comparison_table, plot_results, run_experiment
+from chronomem.registry import EXPERIMENTS, get_experiment
+
+ALL_SCALES = {
+    "copy-baselines": copy.SCALES, "ballet": htm.BALLET_SCALES, "pai": htm.PAI_SCALES, "listops": listops.SCALES,
+    "transfer-copy": relevance.TRANSFER_SCALES, "denoise": relevance.DENOISE_SCALES,
+}
+FAST = ("copy-baselines", "ballet", "pai", "listops")  # smoke runs of about a second each
+
+
+def without_timings(value):
+    """``value`` with every timing (a key naming seconds) left out, recursively."""
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if "seconds" not in k}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+def fake_capped_evaluation(request, timeout=None):
+    """Stands in for relevance.run_capped's fresh measured process (seconds each) in these tests."""
+    return {"status": "ok", "accuracy": 50.0, "baseline_rss_mb": 1.0, "peak_rss_mb": 2.0, "delta_rss_mb": 1.0}
+
+
+@pytest.mark.parametrize("experiment", sorted(ALL_SCALES))
+def test_scales_are_typed_step_counts_and_serialise(experiment):
+    scales = ALL_SCALES[experiment]
+    assert set(scales) <= set(base.SCALES) and {"smoke", "quick", "paper"} <= set(scales)
+    assert set(get_experiment(experiment).scales) == set(scales)
+    for name, scale in scales.items():
+        assert isinstance(scale, Scale), (experiment, name)
+        fields = {f.name for f in dataclasses.fields(scale)}
+        assert not any("budget" in f for f in fields), (experiment, name, fields)  # steps, not seconds
+        assert isinstance(scale.steps, int) and scale.steps > 0
+        json.dumps(dataclasses.asdict(scale))  # what results.json records
+        cfg = scale.train_config(seed=3)
+        assert (cfg.steps, cfg.batch_size, cfg.seed, cfg.time_budget, cfg.anneal_by) == (
+            scale.steps, scale.batch_size, 3, None, "steps")
+
+
+def test_a_time_budget_stops_runs_and_anneals_over_it():
+    quick = htm.BALLET_SCALES["quick"]
+    cfg = quick.train_config(seed=0, time_budget=90.0)
+    assert (cfg.time_budget, cfg.anneal_by, cfg.schedule, cfg.steps) == (90.0, "budget", "cosine", quick.steps)
+    assert htm.BALLET_SCALES["tour"].train_config(0, 90.0).anneal_by == "steps"  # a constant lr has no decay
+
+
+def logged_losses(run_dir) -> dict:
+    """The loss of every metrics.csv row a run left (``listops`` keeps each model's run directory):
+    finer than the accuracies of a smoke run, which two different models can share."""
+    losses = {}
+    for path in sorted(run_dir.rglob("metrics.csv")):
+        rows = [line.split(",") for line in path.read_text().splitlines()]
+        column = rows[0].index("loss")
+        losses[str(path.relative_to(run_dir))] = [row[column] for row in rows[1:]]
+    return losses
+
+
+@pytest.mark.parametrize("experiment", FAST)
+def test_a_smoke_run_twice_gives_identical_metrics(tmp_path, experiment):
+    runs = []
+    for k in range(2):
+        torch.manual_seed(100 + k)  # whatever the process did before, the run seeds itself
+        runs.append(run_experiment(get_experiment(experiment), "smoke", tmp_path / str(k), seed=1, progress=False))
+    saved = [json.loads((tmp_path / str(k) / "results.json").read_text()) for k in range(2)]
+    assert saved[0]["results"] == saved[1]["results"] == runs[0]["results"]
+    assert without_timings(saved[0]["extra"]) == without_timings(saved[1]["extra"])
+    assert saved[0]["config"] == saved[1]["config"] and saved[0]["config"]["time_budget"] is None
+    assert saved[0]["metric"] == get_experiment(experiment).metric
+    assert "no time budget" in (tmp_path / "0" / "report.md").read_text()
+    losses = [logged_losses(tmp_path / str(k)) for k in range(2)]
+    assert losses[0] == losses[1]
+    if experiment == "listops":
+        assert len(losses[0]) == 4 and all(losses[0].values())
+
+
+def _steps(extra: dict) -> dict:
+    runs = extra.get("runs", extra)
+    return {name: row["steps"] for name, row in runs.items() if isinstance(row, dict) and "steps" in row}
+
+
+@pytest.mark.parametrize("experiment", (*FAST, "transfer-copy"))
+def test_time_budget_reaches_every_model_and_is_reported(tmp_path, monkeypatch, experiment):
+    monkeypatch.setattr(relevance, "run_capped", fake_capped_evaluation)
+    out = tmp_path / experiment
+    result = run_experiment(get_experiment(experiment), "smoke", out, progress=False, time_budget=1e-9)
+    steps = _steps(result["extra"])
+    assert steps and set(steps.values()) == {1}, steps  # every model stopped by the clock after one step
+    assert result["config"]["time_budget"] == 1e-9
+    assert json.loads((out / "results.json").read_text())["config"]["time_budget"] == 1e-9
+    assert "equal wall-clock budget of 1e-09 s per model" in (out / "report.md").read_text()
+
+
+def test_run_experiment_checks_scale_and_budget(tmp_path):
+    pai = get_experiment("pai")
+    with pytest.raises(ValueError, match="scale of pai must be one of"):
+        run_experiment(pai, "tour", tmp_path / "a")  # pai has no tour scale
+    for bad in (0, -5.0, float("nan"), "60", True):
+        with pytest.raises(ValueError, match="time_budget must be a positive number"):
+            run_experiment(pai, "smoke", tmp_path / "b", time_budget=bad)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def fake_experiment(name: str, calls: list) -> Experiment:
+    def run(scale, out, seed, models=None, time_budget=None):
+        calls.append((name, scale, time_budget))
+        return {"results": {"m": {"short": 10.0, "long": 20.0}}, "config": {"scale": scale}}
+
+    return Experiment(name=name, description="", run=run, paper={"m": {"long": 90.0}}, metric=f"{name} metric",
+                      scales=("smoke", "tour", "quick", "paper"))
+
+
+def test_tour_runs_each_contributors_tour_scale_in_one_long_table(tmp_path, monkeypatch):
+    calls: list = []
+    fakes = {"alpha": fake_experiment("alpha", calls), "beta": fake_experiment("beta", calls),
+             "gamma": dataclasses.replace(fake_experiment("gamma", calls), scales=("smoke", "quick", "paper")),
+             "tour": EXPERIMENTS["tour"]}
+    monkeypatch.setattr(tour, "EXPERIMENTS", fakes)
+    result = run_experiment(fakes["tour"], "quick", tmp_path / "tour", progress=False, time_budget=30.0)
+    assert calls == [("alpha", "tour", 30.0), ("beta", "tour", 30.0)]  # gamma has no tour scale
+    assert result["scale"] == "tour"  # the CLI's default scale, quick, means the tour scale here
+    assert result["results"]["beta: m"] == {"short": 10.0, "long": 20.0}
+    assert result["paper"]["alpha: m"] == {"short": None, "long": 90.0}
+    report = (tmp_path / "tour" / "report.md").read_text()
+    assert "| experiment | model | setting | ours | paper | metric |" in report
+    assert "| alpha | m | long | 20.0 | 90.0 | alpha metric |" in report
+    assert "| beta | m | short | 10.0 | — | beta metric |" in report
+    assert "(—)" not in report
+    calls.clear()
+    run_experiment(fakes["tour"], "smoke", tmp_path / "smoke", progress=False)
+    assert calls == [("alpha", "smoke", None), ("beta", "smoke", None)]
+
+
+def test_comparison_table_of_one_experiment_has_a_column_per_setting():
+    table = comparison_table({"lstm": {"T=100": 30.0, "T=200": "OOM"}}, {"lstm": {"T=100": 99.0}, "tlb": {"x": 1.0}})
+    assert table.splitlines() == [
+        "| model | T=100 | T=200 | x |", "|---|---|---|---|",
+        "| lstm | 30.0 (99.0) | OOM (—) | — (—) |", "| tlb | — (—) | — (—) | — (1.0) |"]
+
+
+def test_plot_grows_with_its_rows(tmp_path):
+    import matplotlib.image
+
+    heights = []
+    for rows in (2, 12):
+        results = {"experiment": "tour", "scale": "tour",
+                   "results": {f"experiment-{k}: a-rather-long-model-name": {"T=100": 10.0 * k} for k in range(rows)},
+                   "paper": {"experiment-1: a-rather-long-model-name": {"T=100": 99.0}}}
+        plot_results(results, tmp_path / f"{rows}.png", "accuracy (%)")
+        heights.append(matplotlib.image.imread(tmp_path / f"{rows}.png").shape[0])
+    assert heights[1] > 2 * heights[0]
