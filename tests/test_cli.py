@@ -402,7 +402,7 @@ def fake_run_experiment(calls):
     return run_experiment
 
 
-def test_run_time_budget_reaches_run_experiment_only_when_given(tmp_path, capsys, monkeypatch):
+def test_run_time_budget_reaches_run_experiment(tmp_path, capsys, monkeypatch):
     import chronomem.experiments
 
     calls = []
@@ -411,7 +411,7 @@ def test_run_time_budget_reaches_run_experiment_only_when_given(tmp_path, capsys
     assert "equal time budget of 30 s per model" in capsys.readouterr().out
     assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(tmp_path), "--seed", "2"]) == 0
     assert calls == [{"seed": 0, "models": None, "progress": True, "time_budget": 30.0},
-                     {"seed": 2, "models": None, "progress": True}]
+                     {"seed": 2, "models": None, "progress": True, "time_budget": None}]
 
 
 def test_run_scales_are_the_experiments_scales(tmp_path, capsys, monkeypatch):

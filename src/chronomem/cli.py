@@ -394,11 +394,10 @@ def cmd_run(args) -> int:
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     experiment = get_experiment(args.experiment)
     out = check_out_dir(args.out or f"runs/{args.experiment}")
-    budget = {} if args.time_budget is None else {"time_budget": args.time_budget}
     results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models,
-                             progress=not args.quiet, **budget)
+                             progress=not args.quiet, time_budget=args.time_budget)
     equal_time = "" if args.time_budget is None else f", equal time budget of {args.time_budget:g} s per model"
-    print(f"\n{experiment.name} ({args.scale}{equal_time}): ours (paper) — {experiment.metric}\n")
+    print(f"\n{experiment.name} ({args.scale}{equal_time}): ours beside the paper's — {experiment.metric}\n")
     print(comparison_table(results["results"], results["paper"]))
     print(f"\n{results['seconds']:.0f} s; wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'results.png'}")
     return 0
