@@ -34,7 +34,7 @@ def randn(*shape, seed=0, dtype=torch.float64):
 
 
 # ------------------------------------------------------------------------------------------------
-# Naive reference (DESIGN.md 3.2): one row and one chunk at a time, only the chunk's valid tokens
+# Naive reference (the equations of docs/tlb.md): one row and one chunk at a time, only the chunk's valid tokens
 # (each keeping the position of its slot), so there is no mask and no batching over chunks.
 # ------------------------------------------------------------------------------------------------
 

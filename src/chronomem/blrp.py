@@ -44,7 +44,7 @@ Choices the paper leaves open (documented, not silent):
   ``L_FINAL`` does not depend on padding (tested).
 * BLRP reads a whole sequence in both directions: it has no streaming state and no causal variant.
 
-Speed (DESIGN.md 3.3 and 6): ``Theta_SELF`` runs once, on all segments, in one batched call; the
+Speed (docs/blrp.md): ``Theta_SELF`` runs once, on all segments, in one batched call; the
 keys/values of ``X~F_i`` are projected once in the forward pass and reused by the backward pass, and
 those of ``L_INIT`` once per pass. Only the two latent recurrences loop over segments.
 """

@@ -9,7 +9,7 @@ At every step t (Algorithm 1, lines 2-12)::
     z_i = softmax_i( v^T tanh(W_a s_{t-1} + U_a m_i) )      # lines 9-11, bias-free additive attention
     s_t = h_t + sum_i z_i m_i                               # line 12; s_t is the module's output
 
-Screening C (Section 2 and the authors' code, DESIGN.md 3.4): the relevance score of a state is
+Screening C (Section 2 and the authors' code, bhargav104/MemoryNets): the relevance score of a state is
 ``beta(i) = sum_{j=i}^{i+nu-1} alpha_{i,j}``, the (detached) attention weights it received while in the
 buffer. When a state leaves the buffer it enters R if R has fewer than rho states, else it replaces
 the lowest-scored member of R only if its beta is strictly greater (ties: the first lowest slot).

@@ -1,6 +1,6 @@
 """The measured-results page: ``chronomem report DIR ... > docs/results.md``.
 
-Every ``chronomem run`` writes ``OUT/results.json`` (DESIGN: experiment, scale, seed, results, paper,
+Every ``chronomem run`` writes ``OUT/results.json`` (experiment, scale, seed, metric, results, paper,
 config, seconds). This module gathers those files from the directories it is given and renders one
 Markdown page, so the numbers in ``docs/results.md`` are never typed by hand: they are exactly what
 the runs wrote.

@@ -4,7 +4,7 @@ A fast stream (the *perceptual module*, a Transformer) reads the input chunk by 
 (the *temporal latent bottleneck*, a set of ``N`` state vectors ``I``) is updated once per chunk and
 conditions the fast stream top-down. The only way a chunk learns about other chunks is through ``I``.
 
-Read top to bottom next to the paper (our copy lost its equations; DESIGN.md section 3.2 restates
+Read top to bottom next to the paper (our copy lost its equations; docs/tlb.md restates
 them from the authors' Long Range Arena code, and the numbers (1)-(7) below are the paper's):
 
 1. Chunking (Sec. 2.2 "We chunk this input into chunks of size K"): ``x [B, L, D]`` is cut into
@@ -25,7 +25,7 @@ them from the authors' Long Range Arena code, and the numbers (1)-(7) below are 
 4. Readout for classification (Sec. 4.3 "We take the mean across the temporal latent bottleneck
    state vectors"): ``summary = mean_n LN(I_last)[n]``; the Classifier head adds the MLP.
 
-Speed (DESIGN.md 3.2 and 6): the ``R`` self-attention layers that precede the first cross-attention
+Speed (docs/tlb.md): the ``R`` self-attention layers that precede the first cross-attention
 do not depend on the state, so they run on all chunks at once as one ``[B * chunks, K, D]`` call;
 only the cross-attentions, the later ``[R x self]`` groups and the state update loop over chunks.
 

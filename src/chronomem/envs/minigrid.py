@@ -17,7 +17,7 @@ train/test pairs of paper 004 (Sec. 3.2, Table 3).
 * Seeding: ``envs.reset(seed=[s_0, ..., s_{B-1}])`` seeds every env once; later episodes continue
   each env's own generator. ``env_seeds(seed, frames, B)`` gives distinct seeds per run and restart.
 
-No training code and no models here (DESIGN.md section 7).
+No training code and no models here (docs/design.md: envs import no models, tasks or trainers).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
   5000 (RelevanceRNN, RelevanceLSTM, MemRNN, LSTM).
 * ``denoise``: train and evaluate on Denoise at each T (paper: 100, 300, 500, 1000, 2000).
 
-Authors' settings (DESIGN.md 3.4): hidden 128, nu=10 / rho=15 on Copy, nu=15 / rho=15 on Denoise,
+Authors' settings (their code, bhargav104/MemoryNets; docs/relevance.md): hidden 128, nu=10 / rho=15 on Copy, nu=15 / rho=15 on Denoise,
 batch 10, RMSprop lr 1e-3, gradient clipping 1.0. Tokens go through the heads' embedding (equivalent
 to the authors' one-hot input times U).
 
