@@ -129,9 +129,8 @@ class Classifier(_Head):
     ``mlp_dim`` is the hidden width of the two MLP readouts (``dim`` when None; LRA's is its FFN width).
 
     ``fixed_readout=True`` (with ``"choices"``; our option, not the paper's) keeps that projection at
-    its random initialisation. On PAI's indirect query nothing in the output predicts the answer
-    until two hops work, so a trained projection shrinks towards uniform logits (the loss sits at
-    ln 2) and takes the signal for the second hop with it; fixed, it cannot (docs/htm.md, PAI).
+    its random initialisation, so it cannot shrink to uniform logits while nothing in the output
+    predicts the answer yet (why it exists: docs/htm.md, PAI).
     """
 
     READOUTS = ("mlp", "relu_mlp", "choices")
