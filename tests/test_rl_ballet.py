@@ -132,7 +132,8 @@ def test_reconstruction_trains_the_decoder_and_is_off_while_acting():
 
 def test_ballet_encoder_rejects_bad_observations():
     encoder = BalletEncoder(8, "symbolic")
-    good = {"grid": torch.zeros(1, 2, 11, 11, 36, dtype=torch.uint8), "instruction": torch.zeros(1, 2, dtype=torch.long)}
+    good = {"grid": torch.zeros(1, 2, 11, 11, 36, dtype=torch.uint8),
+            "instruction": torch.zeros(1, 2, dtype=torch.long)}
     assert encoder(good).shape == (1, 2, 8)
     with pytest.raises(TypeError, match="'grid' and 'instruction'"):
         encoder({"image": good["grid"], "instruction": good["instruction"]})

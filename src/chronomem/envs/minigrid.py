@@ -5,8 +5,8 @@ train/test pairs of paper 004 (Sec. 3.2, Table 3).
   MiniGrid and BabyAI ids (Gymnasium 1.x raises ``NameNotFound`` without it) and importing
   ``chronomem.envs.recall`` registers the cue-recall test env, ``chronomem.envs.ballet`` the Ballet
   levels and the paper's level mixture, ``import popgym`` POPGym's environments (wrapped by
-  ``chronomem.envs.popgym.wrap``); an unknown id is a ValueError listing close matches. A MiniGrid observation is ``{"image": uint8 [7, 7, 3], "direction": int,
-  "mission": str}``: ``MissionTokens`` replaces the mission string by ``max_words`` int64 token ids
+  ``chronomem.envs.popgym.wrap``); an unknown id is a ValueError listing close matches. A MiniGrid
+  observation is ``{"image": uint8 [7, 7, 3], "direction": int, "mission": str}``: ``MissionTokens`` replaces the mission string by ``max_words`` int64 token ids
   (``VOCABULARY``), so every observation is a fixed-shape array that a vector env can batch.
 * The agent's 7x7x3 view (object, colour, state per cell) has the same shape in every grid size,
   which is what lets an agent trained on a small grid be evaluated on a large one (``PAIRS``).
@@ -118,7 +118,7 @@ def _require_gymnasium() -> None:
 
 def _register_ids() -> None:
     """Import the packages whose import registers environment ids."""
-    import chronomem.envs.ballet  # noqa: F401  (chronomem/Ballet-<level>[-symbolic]-v0, chronomem/Ballet-mixture-v0)
+    import chronomem.envs.ballet  # noqa: F401  (chronomem/Ballet-<level or mixture>[-symbolic]-v0)
     import chronomem.envs.popgym
     import chronomem.envs.recall  # noqa: F401  (chronomem/CueRecall-v0)
 
