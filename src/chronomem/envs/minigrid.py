@@ -7,7 +7,8 @@ train/test pairs of paper 004 (Sec. 3.2, Table 3).
   levels and the paper's level mixture, ``import popgym`` POPGym's environments (wrapped by
   ``chronomem.envs.popgym.wrap``); an unknown id is a ValueError listing close matches. A MiniGrid
   observation is ``{"image": uint8 [7, 7, 3], "direction": int, "mission": str}``: ``MissionTokens``
-  replaces the mission string by ``max_words`` int64 token ids (``VOCABULARY``), so every observation is a fixed-shape array that a vector env can batch.
+  replaces the mission string by ``max_words`` int64 token ids (``VOCABULARY``), so
+  every observation is a fixed-shape array that a vector env can batch.
 * The agent's 7x7x3 view (object, colour, state per cell) has the same shape in every grid size,
   which is what lets an agent trained on a small grid be evaluated on a large one (``PAIRS``).
 * ``make_vector_env`` builds ``num_envs`` copies, ``SyncVectorEnv`` (one process: tests, and as fast
