@@ -61,7 +61,7 @@ SCALES = {
     # (App. A Table 1) with a memory of 40 chunks (> 1024 // 32), TrXL's extra length 256. Frames:
     # docs/rl.md "Ballet" gives the measured frames per second that sized them.
     "quick": BalletRLScale(
-        observation="symbolic", frames=1_000_000, seeds=1, eval_episodes=200,
+        observation="symbolic", frames=500_000, seeds=1, eval_episodes=200,
         ppo=dict(dim=64, depth=2, heads=4, hidden=128, num_envs=16, num_steps=64, num_minibatches=4,
                  update_epochs=4, lr=3e-4, ent_coef=1e-3),
         models={"htm": dict(chunk_size=32, top_k=8, memory_size=40), "transformer-xl": dict(mem_len=256),
