@@ -19,12 +19,31 @@ acting feeds ``N = 1``; a learner replays ``N = T`` steps), and returns ``[B, N,
   Deviations from rl-starter-files: embeddings of the cell indices in place of the raw integers as
   conv channels; a bag of words in place of its GRU over the mission; the direction (which it drops).
 
+* ``BalletEncoder``: Ballet's observation (``chronomem.envs.ballet``) ``{"grid": uint8 [B, N, 11, 11, 36]``
+  (symbolic) or ``"image": uint8 [B, N, 99, 99, 3]`` (pixels), ``"instruction": [B, N]}``. The visual
+  encoder is paper 001's (App. A, Table 1, Ballet column: a CNN of 16, 32, 32 channels, filters 9, 3, 3,
+  strides 9, 1, 1, ReLU): on pixels the 9x9 stride-9 layer reads one 9x9-pixel cell at a time; on the
+  symbolic grid, where a cell is already one vector, the first layer is a 1x1 convolution (the same
+  per-cell map), and the 3x3 layers follow unchanged (padding 1, so the 11x11 grid of cells is kept).
+  The instruction is one token per step (``"watch"`` or a dance name), embedded (32 dimensions, the
+  paper's word embedding): the paper's 1-layer LSTM over the words of an instruction has a single
+  word to read here, so we use the word's embedding itself (deviation: no LSTM). Grid and word are
+  concatenated and projected to ``dim``. ``decoder(width)`` builds the reconstruction decoder of
+  App. A.1 ("architectural transposes of the encoders, with independent weights"):
+  ``default_reconstruction = 1`` (App. A Table 1's weight; App. D.4 shows Ballet needs it).
+* ``SpacesEncoder``: a dict of ``Discrete`` / ``MultiDiscrete`` / 1-D ``Box`` parts (POPGym's
+  observations, ``chronomem.envs.popgym``): each discrete index has an embedding (a ``MultiDiscrete``
+  part one table per component), a ``Box`` part a linear map, and the encoder returns their sum:
+  a linear layer over the concatenated one-hot codes and float features, computed without
+  building the one-hot vectors.
+
 ``encoder_for(observation_space, dim)`` picks one from a Gymnasium observation space.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from chronomem.layers import check_positive, check_tensor, parameter_dtype
@@ -115,6 +134,162 @@ class MiniGridEncoder(nn.Module):
         return self.project(torch.cat(features, -1))
 
 
+class BalletEncoder(nn.Module):
+    """Ballet's observation -> ``[B, N, dim]`` (module docstring).
+
+    ``observation``: ``"symbolic"`` (``grid``) or ``"pixels"`` (``image``); ``vocab_size``: the
+    instruction's tokens; ``view``: cells per side; ``symbols``: channels of a symbolic cell;
+    ``cell_pixels``: pixels per cell side."""
+
+    default_reconstruction = 1.0  # paper 001, App. A Table 1 (Ballet)
+
+    def __init__(self, dim: int, observation: str = "symbolic", vocab_size: int = 14, view: int = 11,
+                 symbols: int = 36, cell_pixels: int = 9, channels: tuple[int, int, int] = (16, 32, 32),
+                 word_dim: int = 32):
+        super().__init__()
+        if observation not in ("symbolic", "pixels"):
+            raise ValueError(f"observation must be 'symbolic' or 'pixels', got {observation!r}")
+        self.dim = check_positive(dim, "dim")
+        self.observation, self.key = observation, "grid" if observation == "symbolic" else "image"
+        self.vocab_size = check_positive(vocab_size, "vocab_size")
+        self.view, self.symbols = check_positive(view, "view"), check_positive(symbols, "symbols")
+        self.cell_pixels, self.channels = check_positive(cell_pixels, "cell_pixels"), tuple(channels)
+        c1, c2, c3 = self.channels
+        first = (nn.Conv2d(symbols, c1, 1) if observation == "symbolic"
+                 else nn.Conv2d(3, c1, cell_pixels, stride=cell_pixels))
+        self.conv = nn.Sequential(first, nn.ReLU(), nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(), nn.Flatten())
+        self.words = nn.Embedding(vocab_size, word_dim)
+        self.project = nn.Linear(c3 * view * view + word_dim, dim)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        if self.observation == "symbolic":
+            return (self.view, self.view, self.symbols)
+        side = self.view * self.cell_pixels
+        return (side, side, 3)
+
+    def reconstruction_targets(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """``(picture [B, N, C, H, W] in [0, 1], instruction [B, N] int64)`` of a checked observation:
+        the encoder's inputs, and what ``BalletDecoder`` reconstructs."""
+        if not isinstance(obs, dict) or not {self.key, "instruction"} <= set(obs):
+            raise TypeError(f"obs must be a dict with {self.key!r} and 'instruction' (Ballet, observation="
+                            f"{self.observation!r}), got "
+                            f"{sorted(obs) if isinstance(obs, dict) else type(obs).__name__}")
+        picture, key = obs[self.key], f"obs[{self.key!r}]"
+        doc = f"[B, N, {', '.join(map(str, self.input_shape))}]"
+        if not isinstance(picture, Tensor) or picture.is_floating_point() or picture.dtype == torch.bool:
+            what = f"dtype {picture.dtype}" if isinstance(picture, Tensor) else type(picture).__name__
+            raise TypeError(f"{key} must be an integer tensor {doc} (uint8), got {what}")
+        if picture.dim() != 5 or tuple(picture.shape[2:]) != self.input_shape or 0 in picture.shape[:2]:
+            raise ValueError(f"{key} must have shape {doc}, got {tuple(picture.shape)}")
+        high = 1 if self.observation == "symbolic" else 255  # one-hot symbols; 8-bit pixels
+        if picture.dtype != torch.uint8 and bool(((picture < 0) | (picture > high)).any()):
+            raise ValueError(f"{key} must hold values in [0, {high}], got [{int(picture.min())}, {int(picture.max())}]")
+        # No int64 copy of the pixels: straight to floats in [0, 1] (the paper's pixel range), channels first.
+        picture = (picture.to(parameter_dtype(self)) / high).permute(0, 1, 4, 2, 3)
+        instruction = _check_ids(obs["instruction"], "obs['instruction']", (), self.vocab_size)
+        return picture, instruction
+
+    def forward(self, obs: dict[str, Tensor]) -> Tensor:
+        picture, instruction = self.reconstruction_targets(obs)
+        batch, steps = instruction.shape
+        grid = self.conv(picture.flatten(0, 1)).view(batch, steps, -1)
+        return self.project(torch.cat([grid, self.words(instruction)], -1))
+
+    def decoder(self, width: int) -> BalletDecoder:
+        """The reconstruction decoder from the core's output of ``width`` (paper 001, App. A.1)."""
+        return BalletDecoder(self, width)
+
+
+class BalletDecoder(nn.Module):
+    """Paper 001's reconstruction of each step's observation from the core's output (App. A.1): the
+    transpose of the visual encoder (a linear map back to the 11x11 grid of cells, then transposed
+    convolutions mirroring the encoder's, independent weights) and a linear map to the instruction's
+    token logits. ``decoder(y, picture, instruction)`` (the targets from the encoder's
+    ``reconstruction_targets(obs)``) returns the loss of each step ``[B, N]``: the sigmoid
+    cross-entropy of the picture (pixels scaled to [0, 1], or the 0/1 symbols) averaged over pixels and
+    channels, plus the softmax cross-entropy of the instruction (one word per step: the paper's sum
+    over the instruction's words is this one term)."""
+
+    def __init__(self, encoder: BalletEncoder, width: int):
+        super().__init__()
+        c1, c2, c3 = encoder.channels
+        view = encoder.view
+        self.shape = (c3, view, view)
+        self.unproject = nn.Linear(check_positive(width, "width"), c3 * view * view)
+        last = (nn.ConvTranspose2d(c1, encoder.symbols, 1) if encoder.observation == "symbolic"
+                else nn.ConvTranspose2d(c1, 3, encoder.cell_pixels, stride=encoder.cell_pixels))
+        self.deconv = nn.Sequential(nn.ReLU(), nn.ConvTranspose2d(c3, c2, 3, padding=1), nn.ReLU(),
+                                    nn.ConvTranspose2d(c2, c1, 3, padding=1), nn.ReLU(), last)
+        self.words = nn.Linear(width, encoder.vocab_size)
+
+    def forward(self, y: Tensor, picture: Tensor, instruction: Tensor) -> Tensor:
+        batch, steps = instruction.shape
+        logits = self.deconv(self.unproject(y).reshape(batch * steps, *self.shape))
+        image_loss = F.binary_cross_entropy_with_logits(logits.float(), picture.flatten(0, 1).float(),
+                                                        reduction="none").mean((1, 2, 3)).view(batch, steps)
+        word_loss = F.cross_entropy(self.words(y).flatten(0, 1).float(), instruction.flatten(),
+                                    reduction="none").view(batch, steps)
+        return image_loss + word_loss
+
+
+class SpacesEncoder(nn.Module):
+    """A dict of ``Discrete(n)``, ``MultiDiscrete(nvec)`` and 1-D ``Box(k)`` parts -> ``[B, N, dim]``
+    (module docstring). ``parts``: ``{name: ("discrete", n) | ("multidiscrete", nvec) | ("box", k)}``;
+    observations are ``{name: [B, N] ids | [B, N, len(nvec)] ids | [B, N, k] floats}``."""
+
+    def __init__(self, parts: dict[str, tuple[str, int | tuple[int, ...]]], dim: int):
+        super().__init__()
+        if not isinstance(parts, dict) or not parts:
+            raise ValueError(f"parts must be a non-empty dict of observation parts, got {parts!r}")
+        self.dim = check_positive(dim, "dim")
+        self.parts = dict(parts)
+        self.tables = nn.ModuleDict()
+        for name, (kind, size) in self.parts.items():
+            if kind == "discrete":
+                self.tables[name] = nn.Embedding(check_positive(size, f"parts[{name!r}] size"), dim)
+            elif kind == "multidiscrete":
+                sizes = tuple(check_positive(int(n), f"parts[{name!r}] sizes") for n in size)
+                self.register_buffer(f"_offsets_{name}", torch.tensor((0, *sizes[:-1])).cumsum(0), persistent=False)
+                self.tables[name] = nn.Embedding(sum(sizes), dim)
+            elif kind == "box":
+                self.tables[name] = nn.Linear(check_positive(size, f"parts[{name!r}] size"), dim, bias=False)
+            else:
+                raise ValueError(f"parts[{name!r}] must be ('discrete', n), ('multidiscrete', sizes) or "
+                                 f"('box', k), got {(kind, size)!r}")
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, obs: dict[str, Tensor]) -> Tensor:
+        if not isinstance(obs, dict) or set(obs) != set(self.parts):
+            raise TypeError(f"obs must be a dict with the parts {sorted(self.parts)}, got "
+                            f"{sorted(obs) if isinstance(obs, dict) else type(obs).__name__}")
+        out = self.bias
+        for name, (kind, size) in self.parts.items():
+            x, key = obs[name], f"obs[{name!r}]"
+            if kind == "discrete":
+                out = out + self.tables[name](_check_ids(x, key, (), size))
+            elif kind == "multidiscrete":
+                ids = _check_ids(x, key, (len(size),), tuple(int(n) for n in size))
+                out = out + self.tables[name](ids + getattr(self, f"_offsets_{name}")).sum(-2)
+            else:
+                out = out + self.tables[name](check_tensor(x, key, 3, size, "[B, N, k]", dtype=parameter_dtype(self)))
+        return out
+
+
+def _space_part(name: str, space) -> tuple[str, int | tuple[int, ...]]:
+    """``SpacesEncoder``'s description of one Gymnasium space (ids must start at 0)."""
+    kind = type(space).__name__
+    if kind == "Discrete" and int(space.start) == 0:
+        return ("discrete", int(space.n))
+    if kind == "MultiDiscrete" and len(space.nvec.shape) == 1 and not space.start.any():
+        return ("multidiscrete", tuple(int(n) for n in space.nvec))
+    if kind == "Box" and len(space.shape) == 1 and space.dtype.kind == "f":
+        return ("box", int(space.shape[0]))
+    raise TypeError(f"observation part {name!r}: expected Discrete or MultiDiscrete (from 0) or a 1-D float Box, "
+                    f"got {space}")
+
+
 def encoder_for(observation_space, dim: int) -> nn.Module:
     """The encoder of a Gymnasium observation space: a MiniGrid dict (``image`` [v, v, 3], ``direction``,
     ``mission`` token ids) or a 1-D float ``Box``."""
@@ -130,8 +305,18 @@ def encoder_for(observation_space, dim: int) -> nn.Module:
             raise TypeError("obs 'mission' must be token ids (wrap the env with chronomem.envs.minigrid."
                             f"MissionTokens), got the space {mission}")
         return MiniGridEncoder(dim, vocab_size=int(mission.high.max()) + 1, max_words=mission.shape[0], view=view)
+    if isinstance(spaces, dict) and "instruction" in spaces and ({"grid", "image"} & set(spaces)):
+        observation = "symbolic" if "grid" in spaces else "pixels"
+        picture = spaces["grid" if observation == "symbolic" else "image"].shape
+        if observation == "symbolic":
+            return BalletEncoder(dim, observation, vocab_size=int(spaces["instruction"].n), view=picture[0],
+                                 symbols=picture[2])
+        return BalletEncoder(dim, observation, vocab_size=int(spaces["instruction"].n))
+    if isinstance(spaces, dict):
+        return SpacesEncoder({name: _space_part(name, space) for name, space in spaces.items()}, dim)
     shape, dtype = getattr(observation_space, "shape", None), getattr(observation_space, "dtype", None)
     if spaces is None and shape is not None and len(shape) == 1 and dtype is not None and dtype.kind == "f":
         return FeatureEncoder(shape[0], dim)
     raise TypeError(f"no encoder for the observation space {observation_space}: expected a MiniGrid dict "
-                    "(image, direction, mission) or a 1-D float Box")
+                    "(image, direction, mission), a Ballet dict (grid or image, instruction), a dict of "
+                    "Discrete / MultiDiscrete / 1-D Box parts (POPGym) or a 1-D float Box")

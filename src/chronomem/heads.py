@@ -238,18 +238,37 @@ class ActorCritic(nn.Module):
     (rl-starter-files' actor and critic), initialised orthogonally with gains sqrt(2), then 0.01 for
     the policy's output and 1 for the value's (CleanRL's ``layer_init``), so the first policy is
     near uniform.
+
+    ``reconstruction=w`` adds paper 001's self-supervised loss (App. A.1; the heads' option above, for
+    an agent): a decoder from the core's output reconstructs every step's observation (for Ballet the
+    image and the instruction: ``chronomem.encoders.BalletDecoder``, built by the encoder's
+    ``decoder(width)``; an encoder without one is a ValueError). A forward that records gradients
+    (the learner's replay, not acting under ``torch.inference_mode``) stores ``w`` times the mean
+    loss over its steps in ``auxiliary_loss`` and the unweighted mean in ``reconstruction_loss``
+    (logged as its own column by PPO); otherwise both are None.
     """
 
-    def __init__(self, encoder: nn.Module, core: nn.Module, num_actions: int, hidden: int = 64):
+    def __init__(self, encoder: nn.Module, core: nn.Module, num_actions: int, hidden: int = 64,
+                 reconstruction: float = 0.0):
         super().__init__()
         if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
             raise ValueError(f"num_actions must be a positive int, got {num_actions!r}")
         if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
             raise ValueError(f"hidden must be a positive int, got {hidden!r}")
+        if isinstance(reconstruction, bool) or not isinstance(reconstruction, (int, float)) or not reconstruction >= 0:
+            raise ValueError(f"reconstruction must be a loss weight >= 0, got {reconstruction!r}")
         self.encoder, self.core = encoder, core
         out_dim = getattr(core, "out_dim", getattr(encoder, "dim", None))
         self.actor = self._mlp(out_dim, hidden, num_actions, 0.01)
         self.critic = self._mlp(out_dim, hidden, 1, 1.0)
+        self.reconstruction = float(reconstruction)
+        if self.reconstruction:
+            if not hasattr(encoder, "decoder"):
+                raise ValueError(f"reconstruction={reconstruction} needs an encoder with a reconstruction decoder "
+                                 f"(e.g. BalletEncoder), got {type(encoder).__name__}; use reconstruction=0")
+            self.decoder = encoder.decoder(out_dim)  # App. A.1: independent weights
+        self.auxiliary_loss: Tensor | None = None
+        self.reconstruction_loss: Tensor | None = None
 
     @staticmethod
     def _mlp(width: int, hidden: int, out: int, out_gain: float) -> nn.Sequential:
@@ -266,4 +285,8 @@ class ActorCritic(nn.Module):
     def forward(self, obs, state=None, done: Tensor | None = None):
         x = self.encoder(obs)
         y, state = self.core(x, state=state) if done is None else self.core(x, state=state, done=done)
+        self.auxiliary_loss = self.reconstruction_loss = None
+        if self.reconstruction and torch.is_grad_enabled():
+            loss = self.decoder(y, *self.encoder.reconstruction_targets(obs)).mean()  # every step of the call
+            self.auxiliary_loss, self.reconstruction_loss = self.reconstruction * loss, loss.detach()
         return self.actor(y), self.critic(y).squeeze(-1), state

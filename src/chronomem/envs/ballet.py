@@ -38,6 +38,12 @@ Observations (``BalletEnv``, a Gymnasium environment) are dicts:
   shape and one colour channel; floor is all zeros).
 * ``instruction`` is a token of ``VOCAB = ("watch",) + DANCE_NAMES``.
 
+Registered ids (``ballet_id(level, observation)``): ``chronomem/Ballet-<level>-v0`` (pixels) and
+``chronomem/Ballet-<level>-symbolic-v0`` for every level, and ``chronomem/Ballet-mixture[-symbolic]-v0``,
+``BalletMixture``: paper 001's training distribution, a level drawn uniformly per episode (App. B.1).
+Agents are built on them through ``chronomem.envs.minigrid.make_vector_env`` like any other id, so
+the RL agent and the supervised dataset (``chronomem.tasks.ballet``) use this module's rules.
+
 Gymnasium is the optional extra ``chronomem[rl]``: without it this module still imports (the
 supervised dataset needs only the facts and layouts) and ``BalletEnv(...)`` raises.
 
@@ -402,6 +408,70 @@ class BalletEnv(_EnvBase):
         return self._paint(self.board(), self._pixels)
 
 
+class BalletMixture(_EnvBase):
+    """Paper 001's training distribution (App. B.1: "levels uniformly sampled to have 16 or 48 steps of
+    delay between dances, and 2, 4, or 8 dances"): every episode is one ``BalletEnv`` episode of a
+    level drawn uniformly from ``levels``, with that level's rules and time limit (the same
+    ``BalletEnv`` code, one instance per level). Observation and action spaces do not depend on the
+    level (the 11x11 view, 8 directions), so one agent plays them all. ``info["level"]`` names the
+    episode's level; ``render()`` draws the current episode's board.
+    """
+
+    metadata = BalletEnv.metadata
+
+    def __init__(self, levels: tuple[str, ...] = LEVELS, observation: str = "pixels", seed: int | None = None,
+                 render_mode: str | None = None):
+        if gym is None:
+            raise ModuleNotFoundError("BalletMixture needs gymnasium: pip install 'chronomem[rl]'")
+        if isinstance(levels, str) or not levels:
+            raise ValueError(f"levels must be a non-empty sequence of levels ({', '.join(LEVELS)}), got {levels!r}")
+        self.levels = tuple(levels)
+        self.envs = {level: BalletEnv(level, observation, render_mode=render_mode) for level in self.levels}
+        first = self.envs[self.levels[0]]
+        self.observation_space, self.action_space = first.observation_space, first.action_space
+        self.render_mode = render_mode
+        self._seed = seed
+        self.env: BalletEnv | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is None and self._seed is not None:
+            seed, self._seed = self._seed, None
+        super().reset(seed=seed)
+        self.env = self.envs[self.levels[int(self.np_random.integers(len(self.levels)))]]
+        layout = (options or {}).get("layout") or sample_layout(self.np_random, self.env.num_dancers)
+        obs, info = self.env.reset(options={"layout": layout})
+        return obs, {**info, "level": self.env.level}
+
+    def step(self, action):
+        if self.env is None:
+            raise RuntimeError("the episode never started: call reset() first")
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, {**info, "level": self.env.level}
+
+    def render(self):
+        return None if self.env is None else self.env.render()
+
+
 GYM_ID = "chronomem/Ballet-v0"  # gymnasium.make(GYM_ID, level=..., observation=...)
+MIXTURE = "mixture"
+
+
+def ballet_id(level: str = MIXTURE, observation: str = "pixels") -> str:
+    """The Gymnasium id of one level (or of the paper's ``"mixture"``) with ``observation`` "pixels" or
+    "symbolic": ``chronomem/Ballet-2_delay16-v0``, ``chronomem/Ballet-mixture-symbolic-v0``, ... Agents
+    take the level from the id (``chronomem rl train --env chronomem/Ballet-mixture-symbolic-v0``)."""
+    if level != MIXTURE:
+        parse_level(level)
+    if observation not in ("pixels", "symbolic"):
+        raise ValueError(f"observation must be 'pixels' or 'symbolic', got {observation!r}")
+    return f"chronomem/Ballet-{level}{'-symbolic' if observation == 'symbolic' else ''}-v0"
+
+
 if gym is not None and GYM_ID not in gym.registry:
     gym.register(id=GYM_ID, entry_point=BalletEnv)
+    for _observation in ("pixels", "symbolic"):
+        for _level in LEVELS:
+            gym.register(id=ballet_id(_level, _observation), entry_point=BalletEnv,
+                         kwargs={"level": _level, "observation": _observation})
+        gym.register(id=ballet_id(MIXTURE, _observation), entry_point=BalletMixture,
+                     kwargs={"observation": _observation})

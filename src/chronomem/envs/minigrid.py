@@ -3,10 +3,12 @@ train/test pairs of paper 004 (Sec. 3.2, Table 3).
 
 * ``make_env(env_id)`` builds any Gymnasium environment by id. ``import minigrid`` registers the
   MiniGrid and BabyAI ids (Gymnasium 1.x raises ``NameNotFound`` without it) and importing
-  ``chronomem.envs.recall`` registers the cue-recall test env; an unknown id is a ValueError listing
-  close matches. A MiniGrid observation is ``{"image": uint8 [7, 7, 3], "direction": int,
-  "mission": str}``: ``MissionTokens`` replaces the mission string by ``max_words`` int64 token ids
-  (``VOCABULARY``), so every observation is a fixed-shape array that a vector env can batch.
+  ``chronomem.envs.recall`` registers the cue-recall test env, ``chronomem.envs.ballet`` the Ballet
+  levels and the paper's level mixture, ``import popgym`` POPGym's environments (wrapped by
+  ``chronomem.envs.popgym.wrap``); an unknown id is a ValueError listing close matches. A MiniGrid
+  observation is ``{"image": uint8 [7, 7, 3], "direction": int, "mission": str}``: ``MissionTokens``
+  replaces the mission string by ``max_words`` int64 token ids (``VOCABULARY``), so
+  every observation is a fixed-shape array that a vector env can batch.
 * The agent's 7x7x3 view (object, colour, state per cell) has the same shape in every grid size,
   which is what lets an agent trained on a small grid be evaluated on a large one (``PAIRS``).
 * ``make_vector_env`` builds ``num_envs`` copies, ``SyncVectorEnv`` (one process: tests, and as fast
@@ -27,6 +29,9 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+
+from chronomem.envs.popgym import is_popgym, missing_hint
+from chronomem.envs.popgym import wrap as wrap_popgym
 
 try:  # the optional extra ``chronomem[rl]``
     import gymnasium as gym
@@ -114,8 +119,11 @@ def _require_gymnasium() -> None:
 
 def _register_ids() -> None:
     """Import the packages whose import registers environment ids."""
+    import chronomem.envs.ballet  # noqa: F401  (chronomem/Ballet-<level or mixture>[-symbolic]-v0)
+    import chronomem.envs.popgym
     import chronomem.envs.recall  # noqa: F401  (chronomem/CueRecall-v0)
 
+    chronomem.envs.popgym.register()  # popgym-<Name><Difficulty>-v0 when POPGym is installed
     try:
         import minigrid  # noqa: F401  (MiniGrid-*, BabyAI-*)
     except ModuleNotFoundError:  # MiniGrid ids then stay unknown: check_env_id says how to install it
@@ -131,6 +139,8 @@ def check_env_id(env_id: str) -> str:
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         if str(env_id).startswith(("MiniGrid", "BabyAI")) and not any(k.startswith("MiniGrid") for k in gym.registry):
             hint = "; MiniGrid is not installed: pip install 'chronomem[rl]'"
+        if is_popgym(env_id) and missing_hint(env_id):
+            hint = f"; {missing_hint(env_id)}"
         pairs = ", ".join(f"{p.train} -> {p.test}" for p in PAIRS.values())
         raise ValueError(f"--env {env_id!r} is not a registered Gymnasium environment{hint} (paper 004's pairs: "
                          f"{pairs})")
@@ -139,9 +149,12 @@ def check_env_id(env_id: str) -> str:
 
 def make_env(env_id: str, render_mode: str | None = None, max_words: int = MAX_WORDS, **options):
     """One environment ``env_id`` (any Gymnasium id; ``options`` go to ``gym.make``). MiniGrid and BabyAI
-    environments get ``MissionTokens``."""
+    environments get ``MissionTokens``, POPGym's ``chronomem.envs.popgym.wrap`` (its previous-action
+    protocol and flat observations); Ballet's observations are batchable as they are."""
     check_env_id(env_id)
     env = gym.make(env_id, **options) if render_mode is None else gym.make(env_id, render_mode=render_mode, **options)
+    if is_popgym(env_id):
+        return wrap_popgym(env)
     space = env.observation_space
     if isinstance(space, spaces.Dict) and "mission" in space.spaces and "image" in space.spaces:
         env = MissionTokens(env, max_words)

@@ -82,6 +82,9 @@ class Args:
     ent_coef: float = setting(0.01, "weight of the entropy bonus")
     vf_coef: float = setting(0.5, "weight of the value loss")
     max_grad_norm: float = setting(0.5, "gradient-norm clip")
+    reconstruction: float | None = setting(None, "weight of paper 001's loss reconstructing each step's observation "
+                                           "from the core's output (App. A.1); default: the encoder's (1 for "
+                                           "Ballet, 0 otherwise)")
     target_kl: float | None = setting(None, "end an update's epochs once the approximate KL exceeds this")
     seed: int = setting(1, "seed of the weights, the actions and the environments")
     torch_threads: int = setting(1, "torch threads (one is faster on 2 cores: the envs need the other)",
@@ -117,6 +120,8 @@ class Args:
         for name in ("ent_coef", "vf_coef"):
             if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.reconstruction is not None and not (self.reconstruction >= 0 and math.isfinite(self.reconstruction)):
+            raise ValueError(f"--reconstruction must be >= 0 (or None), got {self.reconstruction}")
         if self.target_kl is not None and not self.target_kl > 0:
             raise ValueError(f"--target-kl must be > 0 (or None), got {self.target_kl}")
 
@@ -155,7 +160,11 @@ def make_agent(args: Args, core_options: dict[str, Any], observation_space, acti
     except (TypeError, ValueError) as err:
         raise type(err)(f"--core {args.core} (options {options}): {err}") from None
     check_agent_core(core, args.core, args.dim)
-    return ActorCritic(encoder_for(observation_space, args.dim), core, int(action_space.n), args.hidden)
+    encoder = encoder_for(observation_space, args.dim)
+    weight = args.reconstruction
+    if weight is None:
+        weight = getattr(encoder, "default_reconstruction", 0.0)
+    return ActorCritic(encoder, core, int(action_space.n), args.hidden, reconstruction=weight)
 
 
 def check_agent_core(core: torch.nn.Module, name: str, dim: int) -> None:
@@ -364,6 +373,10 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
             value_loss = 0.5 * value_loss.mean()
             entropy = entropy.mean()
             loss = policy_loss - args.ent_coef * entropy + args.vf_coef * value_loss
+            terms = {}
+            if agent.auxiliary_loss is not None:  # the replay's weighted reconstruction loss (ActorCritic)
+                loss = loss + agent.auxiliary_loss
+                terms["reconstruction_loss"] = agent.reconstruction_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -373,7 +386,7 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
                 clip_fraction = ((ratio - 1).abs() > args.clip_coef).float().mean()
             for name, value in (("policy_loss", policy_loss.detach()), ("value_loss", value_loss.detach()),
                                 ("entropy", entropy.detach()),
-                                ("approx_kl", approx_kl), ("clip_fraction", clip_fraction)):
+                                ("approx_kl", approx_kl), ("clip_fraction", clip_fraction), *terms.items()):
                 sums[name] = sums.get(name, 0.0) + value.item()
             count += 1
         if args.target_kl is not None and float(approx_kl) > args.target_kl:

@@ -1,0 +1,133 @@
+"""popgym: every causal chronomem core that takes ``done`` as the memory of a PPO agent on POPGym
+(Morad et al. 2023), scored with POPGym's metric.
+
+Metric (POPGym Sec. 5): the maximum over training of the mean episodic return (MMER). POPGym's
+environments scale their rewards so that an episode's return lies in [-1, 1], so the number is
+already normalised; ours takes the mean return of the episodes ended in each PPO update and the
+maximum over the run's updates, averaged over seeds.
+
+The environments (``chronomem.envs.popgym``) carry the previous action and a first-step flag, as in
+POPGym's own PPO protocol. Cores: ``lstm``, ``relevance-lstm`` (nu = rho = 5, paper 004's MiniGrid
+setting), ``mem-lstm``, ``transformer-xl`` and ``gtrxl`` (sliding memory of 256 steps), ``tlb``,
+``htm``; a core that does not take ``done`` inside a call yet is listed with the reason in the table
+and not run (unless asked for by name, which is then an error naming the missing piece).
+
+POPGym's published baseline numbers (GRU, LSTM, linear attention, ...) are not transcribed here yet:
+its per-environment results are in the paper's appendix, and the report leaves the paper column empty
+rather than print numbers we have not checked against it.
+
+Scales fix the frames per run: ``smoke`` (seconds, tests), ``quick`` (6 Easy environments,
+CPU-sized cores), ``paper`` (the 15 environments at the 3 difficulties, POPGym's budget of 15M frames
+per run, its widths: memory 256, MLPs of 128, rollouts of 1024 steps; ``popgym/baselines/ppo.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from chronomem.envs.popgym import DIFFICULTIES, ENVS, popgym_id
+from chronomem.experiments.base import Experiment, select_models
+from chronomem.experiments.rl_runs import (
+    check_cores,
+    curve,
+    max_mean_return,
+    mean_curve,
+    plot_curves,
+    ppo_run,
+    takes_done,
+)
+from chronomem.registry import register_experiment
+
+CORES = {
+    "lstm": {},
+    "relevance-lstm": {"buffer_size": 5, "relevant_size": 5},
+    "mem-lstm": {},
+    "transformer-xl": {"mem_len": 256},
+    "gtrxl": {"mem_len": 256},
+    "tlb": {},
+    "htm": {"chunk_size": 16, "top_k": 4, "memory_size": 64},
+}
+QUICK_ENVS = tuple(popgym_id(name) for name in ("RepeatPrevious", "RepeatFirst", "Autoencode", "CountRecall",
+                                                 "PositionOnlyCartPole", "MineSweeper"))
+NOT_RUN = "not run: no done"
+
+
+@dataclass(frozen=True)
+class PopgymScale:
+    """One scale: environments, fixed frames per run, seeds, PPO settings and the cores' options."""
+
+    envs: tuple[str, ...]
+    frames: int  # per (core, environment, seed)
+    seeds: int
+    ppo: dict = field(default_factory=dict)  # chronomem.rl.ppo.Args fields
+    models: dict = field(default_factory=lambda: dict(CORES))
+
+
+SCALES = {
+    "smoke": PopgymScale(
+        envs=(popgym_id("RepeatPrevious"), popgym_id("MineSweeper")), frames=128, seeds=1,
+        ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=32, num_minibatches=1, update_epochs=1),
+        models={"lstm": {}, "gtrxl": {"mem_len": 8}, "htm": {"chunk_size": 4, "memory_size": 4, "top_k": 2}}),
+    # Frames: docs/rl.md "POPGym" gives the measured frames per second that sized them.
+    "quick": PopgymScale(
+        envs=QUICK_ENVS, frames=100_000, seeds=3,
+        ppo=dict(dim=64, depth=1, heads=4, hidden=64, num_envs=16, num_steps=128, num_minibatches=4,
+                 update_epochs=4, lr=5e-4)),
+    "paper": PopgymScale(
+        envs=tuple(popgym_id(name, d) for name in ENVS for d in DIFFICULTIES), frames=15_000_000, seeds=3,
+        ppo=dict(dim=256, depth=1, heads=4, hidden=128, num_envs=64, num_steps=1024, num_minibatches=8,
+                 update_epochs=4, lr=5e-5)),
+}
+
+
+def _name(env_id: str) -> str:
+    return env_id.removeprefix("popgym-").removesuffix("-v0")
+
+
+def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+    s = SCALES[scale]
+    chosen = select_models(s.models, models, "popgym")
+    probe = s.envs[0]
+    if models is not None:  # asked for by name: every one must be able to run
+        check_cores("popgym", chosen, probe, s.ppo, s.models)
+    skipped = {m: reason for m in chosen if (reason := takes_done(m, probe, s.ppo, s.models[m]))}
+    out = Path(out)
+    results = {m: {_name(e): NOT_RUN for e in s.envs} for m in skipped}
+    panels: dict[str, dict] = {_name(e): {} for e in s.envs}
+    runs = {}
+    for model in (m for m in chosen if m not in skipped):
+        results[model] = {}
+        for env_id in s.envs:
+            scores, histories = [], []
+            for run_seed in range(seed, seed + s.seeds):
+                result = ppo_run(env_id, model, s.models[model], s.ppo, s.frames, run_seed,
+                                 out / f"{model}-{_name(env_id)}-seed{run_seed}", progress=scale != "smoke")
+                scores.append(max_mean_return(result.history))
+                histories.append(curve(result.history))
+                runs.setdefault(model, []).append({
+                    "env": _name(env_id), "seed": run_seed, "mmer": scores[-1], "frames": result.frames,
+                    "train_seconds": round(result.seconds, 1),
+                    "frames_per_second": round(result.frames / max(result.seconds, 1e-9))})
+            ended = [score for score in scores if score is not None]  # runs in which an episode ended
+            results[model][_name(env_id)] = round(sum(ended) / len(ended), 3) if ended else None
+            panels[_name(env_id)][model] = mean_curve(histories)
+    results = {m: results[m] for m in chosen}
+    plot_curves(panels, out / "learning_curves.png", f"popgym ({scale}): mean return against frames")
+    config = {"scale": scale, **asdict(s), "models": list(chosen), "skipped": skipped}
+    return {"results": results, "config": config, "paper": {}, "extra": {"runs": runs, "curves": panels}}
+
+
+POPGYM = register_experiment(
+    Experiment(
+        name="popgym",
+        description="POPGym (Morad et al. 2023): every causal chronomem core that takes done as a PPO agent's "
+        "memory, POPGym's MMER metric.",
+        run=_run,
+        metric="MMER: max over training of the mean episodic return (POPGym's returns lie in [-1, 1])",
+        paper_source="POPGym (Morad et al., ICLR 2023); its baseline numbers are not transcribed yet",
+        notes="A core listed as 'not run: no done' cannot take episode ends inside a call yet. "
+        "learning_curves.png: mean return against frames, one panel per environment, one line per core "
+        "(mean over seeds).",
+    )
+)

@@ -1,0 +1,99 @@
+"""What the RL experiments (``ballet-rl``, ``popgym``) share: check that the cores can be agents before
+anything trains, train one PPO run, average learning curves over seeds, and plot mean return against
+frames per core (the curve people look at), written next to report.md.
+
+A scale fixes the frames of every run (DESIGN.md section 5: the same seed gives the same table on any
+machine); frames per second are measured and reported, never used to stop a run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Curve = list[tuple[int, float]]  # (frames, mean episodic return of the episodes ended in that update)
+
+
+def check_cores(experiment: str, models: tuple[str, ...], env_id: str, ppo: dict, options: dict[str, dict]) -> None:
+    """Build every model's agent once, so that a core that cannot be an agent yet (HTM before it takes
+    ``done`` inside a call) stops the run before any training, with a message naming the missing piece."""
+    from chronomem.envs.minigrid import make_env
+    from chronomem.rl.ppo import Args, make_agent
+
+    env = make_env(env_id)
+    try:
+        for model in models:
+            args = Args(env=env_id, core=model, **ppo)
+            try:
+                make_agent(args, options.get(model, {}), env.observation_space, env.action_space)
+            except ValueError as err:
+                raise ValueError(f"{experiment}: model {model!r} cannot be trained as an agent yet: {err}") from None
+    finally:
+        env.close()
+
+
+def takes_done(model: str, env_id: str, ppo: dict, options: dict) -> str | None:
+    """None if ``model`` can be an agent's memory, else the reason it cannot."""
+    try:
+        check_cores("", (model,), env_id, ppo, {model: options})
+    except ValueError as err:
+        return str(err).split(": ", 1)[-1]
+    return None
+
+
+def ppo_run(env_id: str, model: str, options: dict, ppo: dict, frames: int, seed: int, out: Path | None,
+            progress: bool):
+    """One PPO run of ``frames`` frames; returns ``chronomem.rl.ppo.PPOResult``."""
+    from chronomem.rl.ppo import Args, train
+
+    args = Args(env=env_id, core=model, total_frames=frames, seed=seed, progress=progress,
+                out=None if out is None else str(out), **ppo)
+    return train(args, options)
+
+
+def curve(history: list[dict[str, Any]]) -> Curve:
+    return [(int(row["step"]), float(row["return_mean"])) for row in history if "return_mean" in row]
+
+
+def mean_curve(curves: list[Curve]) -> Curve:
+    """The mean over seeds at each logged frame count that every seed has."""
+    common = set.intersection(*(set(dict(c)) for c in curves)) if curves else set()
+    return [(f, round(float(np.mean([dict(c)[f] for c in curves])), 4)) for f in sorted(common)]
+
+
+def max_mean_return(history: list[dict[str, Any]]) -> float | None:
+    """POPGym's metric (MMER): the maximum over training of the mean episodic return, here of the
+    episodes ended during each update (None if no episode ended)."""
+    returns = [r for _, r in curve(history)]
+    return max(returns) if returns else None
+
+
+def plot_curves(panels: dict[str, dict[str, Curve]], path: Path, title: str) -> None:
+    """One panel per setting (env or level mixture), one line per core: mean return against frames."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not panels:
+        return
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
+    for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
+        for model, points in lines.items():
+            if points:
+                ax.plot(*zip(*points, strict=True), marker=".", label=model)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("frames")
+        ax.set_ylabel("mean return")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if axes.flat[0].get_legend_handles_labels()[0]:
+        axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
