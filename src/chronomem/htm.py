@@ -210,18 +210,28 @@ class HierarchicalMemory(RecurrentState):
             x = x.detach()  # Section 2: stop gradients flowing into the memory
         fill = self.fill
         total = fill + lengths  # [B] stream length per row
+        count = torch.where(total >= C, torch.div(total - C, s, rounding_mode="floor") + 1, 0)  # [B]
+        k_max = int(count.max()) if B else 0
+        j = torch.arange(C, device=x.device)[None, :]
+        if k_max == 0:  # no chunk completes (most steps of an agent): the steps only join the accumulator
+            if N == 1:  # any slot index reads the one step
+                steps = x.expand(B, C, D)
+            else:
+                steps = x.gather(1, (j - fill[:, None]).clamp(0, N - 1)[..., None].expand(B, C, D))
+            new_slot = ((j >= fill[:, None]) & (j < total[:, None]))[..., None]
+            accumulator = torch.where(new_slot, steps, self.accumulator * (j < fill[:, None])[..., None])
+            empty = x.new_zeros(B, 0)
+            return NewChunks(x.new_zeros(B, 0, D), x.new_zeros(B, 0, C, D), empty.bool(), empty.long(),
+                             count=count, accumulator=accumulator, fill=total,
+                             carried=torch.minimum(self.carried, total))
         # Stream [B, C + N, D]: accumulator steps then the new steps, zeros past the end.
         p = torch.arange(C + N, device=x.device)[None, :]
         src = torch.cat([self.accumulator, x, x.new_zeros(B, 1, D)], dim=1)
         idx = torch.where(p < fill[:, None], p, C + p - fill[:, None])
         idx = torch.where(p < total[:, None], idx, C + N)  # past the end -> the zero row
         stream = src.gather(1, idx[..., None].expand(B, C + N, D))
-        count = torch.where(total >= C, torch.div(total - C, s, rounding_mode="floor") + 1, 0)  # [B]
-        k_max = int(count.max()) if B else 0
-        if k_max == 0:
-            contents = x.new_zeros(B, 0, C, D)
-        else:  # chunk i = stream[i*s : i*s + C]
-            contents = stream[:, : (k_max - 1) * s + C].unfold(1, C, s)[:, :k_max].permute(0, 1, 3, 2)
+        # chunk i = stream[i*s : i*s + C]
+        contents = stream[:, : (k_max - 1) * s + C].unfold(1, C, s)[:, :k_max].permute(0, 1, 3, 2)
         i = torch.arange(k_max, device=x.device)[None, :]
         valid = i < count[:, None]  # [B, K]
         contents = contents * valid[..., None, None].to(contents.dtype)
@@ -230,7 +240,6 @@ class HierarchicalMemory(RecurrentState):
         end = i * s + C - 1 - fill[:, None]
         start = count * s  # where the next accumulator begins in the stream
         new_fill = total - start
-        j = torch.arange(C, device=x.device)[None, :]
         acc_idx = (start[:, None] + j).clamp(max=C + N - 1)
         accumulator = stream.gather(1, acc_idx[..., None].expand(B, C, D))
         accumulator = accumulator * (j < new_fill[:, None])[..., None].to(x.dtype)
@@ -487,8 +496,13 @@ class HTMAttention(nn.Module):
         if mask is not None:
             visible = visible & mask
 
-        # Relevance R = (W_q LN(x)) . (W_k S)^T / sqrt(D)   (Section 2; scale from the released module)
-        logits = torch.einsum("bqd,bmd->bqm", self.to_query(queries), self.to_key(keys)) / math.sqrt(D)
+        # Relevance R = (W_q LN(x)) . (W_k S)^T / sqrt(D)   (Section 2; scale from the released module).
+        # W_k is applied on whichever side has fewer rows: (W_q x) . (W_k s) = (W_k^T W_q x) . s, so a
+        # few queries (an agent's step) score the raw summaries instead of projecting all M of them.
+        if Q < M:
+            logits = (self.to_query(queries) @ self.to_key.weight) @ keys.transpose(1, 2) / math.sqrt(D)
+        else:
+            logits = self.to_query(queries) @ self.to_key(keys).transpose(1, 2) / math.sqrt(D)
         logits = logits.masked_fill(~visible, NEG)  # hide chunks BEFORE top-k
         top_logits, top_idx = logits.topk(k, dim=-1)  # [B, Q, k]
         top_visible = visible.gather(-1, top_idx)
@@ -610,8 +624,11 @@ class HTMLayer(nn.Module):
         normed = self.norm_local(context)  # LN is per step: LN([cache; x]) = [LN(cache); LN(x)]
         B, N, D = x.shape
         G, Wq = local.queries.shape
-        queries = normed[:, local.queries.flatten()].view(B * G, Wq, D)  # each block's queries are
-        keys = normed[:, local.keys.flatten()].view(B * G, -1, D)  # its last keys, consecutive steps
+        if G == 1:  # one block: every context step is a key, the last Wq are the queries
+            queries, keys = normed[:, -Wq:], normed
+        else:  # each block's queries are its last keys, consecutive steps
+            queries = normed[:, local.queries.flatten()].view(B * G, Wq, D)
+            keys = normed[:, local.keys.flatten()].view(B * G, -1, D)
         mask = local.mask.flatten(0, 1)  # [B * G, Wq, Wk], causality included
         read = self.local(queries, keys, attn_mask=mask[:, None])  # causal local self-attention
         x = x + read.view(B, G * Wq, D)[:, local.offset : local.offset + N]
@@ -778,6 +795,10 @@ class HTMTransformer(nn.Module):
         to episode 0)."""
         M, C, device = memory.capacity, memory.chunk_size, memory.keys.device
         dtype = memory.keys.dtype
+        if episode is None and all(c.valid.shape[1] == 0 for c in new):
+            # Nothing committed in the call (an agent's step, mostly): the stored chunks are the ring
+            # buffer at every query's time, so validity alone is the mask.
+            return memory.keys, memory.contents, memory.slot_valid, memory.valid, None
         valid_new = torch.cat([c.valid for c in new], 1)  # [B, K]
         end = torch.cat([c.end for c in new], 1)
         n = torch.arange(N, device=device)[None, :, None]  # query index in the call
@@ -833,7 +854,7 @@ class HTMTransformer(nn.Module):
             memories = []
         tail_everywhere = bool(start) and cfg.shared_memory and self.cache_length == 0
         if tail_everywhere:  # only the tail enters the layers (the memory above holds every step)
-            x, shared = x[:, start:], (*shared[:-1], shared[-1][:, start:])
+            x, shared = x[:, start:], _tail_chunks(shared, start)
             local = self._local_layout(state.position + start, lengths - start, N - start,
                                        steps=None if steps is None else steps.tail(N - start))
         else:
@@ -851,7 +872,7 @@ class HTMTransformer(nn.Module):
             if start and not tail_everywhere and i == len(self.layers) - 1:
                 tail = self._local_layout(state.position + start, lengths - start, N - start,
                                           cache=context.shape[1] - (N - start), steps=steps)
-                x = layer(x[:, start:], context, tail, (*chunks[:-1], chunks[-1][:, start:]))
+                x = layer(x[:, start:], context, tail, _tail_chunks(chunks, start))
             else:
                 x = layer(x, context, local, chunks)
         position = state.position + lengths
@@ -921,9 +942,17 @@ class LocalLayout:
     mask: Tensor
 
 
+def _tail_chunks(chunks: tuple, start: int) -> tuple:
+    """What the queries from ``start`` on read of ``chunks`` (``HTMTransformer._chunks``)."""
+    mask = chunks[-1]
+    return (*chunks[:-1], None if mask is None else mask[:, start:])
+
+
 def _last_steps(seq: Tensor, lengths: Tensor, n: int) -> Tensor:
     """The last ``n`` of the first ``lengths[b]`` steps of each row of ``seq [B, T, D]``."""
-    B, _, D = seq.shape
+    B, T, D = seq.shape
+    if n == 0 or bool((lengths == T).all()):  # no padding: a slice
+        return seq[:, T - n :]
     idx = lengths[:, None] - n + torch.arange(n, device=seq.device)[None, :]
     return seq.gather(1, idx[..., None].expand(B, n, D))
 
