@@ -167,3 +167,29 @@ def test_write_chunks_returns_each_commit_once_with_its_last_step():
     for name, want in written.__dict__.items():
         got = getattr(stored, name)
         assert torch.equal(got, want) if torch.is_tensor(want) else got == want
+
+
+def test_layers_are_built_from_the_model_config():
+    """``HTMTransformer`` hands its Config to every ``HTMLayer`` whole; a config read back from JSON
+    builds the same model."""
+    import dataclasses
+    import json
+
+    from chronomem.htm import HTMConfig, HTMLayer
+    from chronomem.layers import MultiHeadAttention
+
+    assert HTMTransformer.Config is HTMConfig
+    model = make("default", 3, relative_positions=False, memory_norm=True, top_k=3, init_scale=None)
+    layer = model.layers[0]
+    assert isinstance(layer.local, MultiHeadAttention) and layer.memory.memory_norm
+    assert layer.memory.top_k == 3 and layer.memory.chunk_size == 3
+    assert layer.ff.net[0].out_features == int(SMALL["ff_mult"] * D)
+    config = HTMConfig(**json.loads(json.dumps(dataclasses.asdict(model.config))))
+    assert config == model.config
+    again = HTMTransformer(config=config).double()
+    again.load_state_dict(model.state_dict())  # the same modules and shapes
+    x = randn(2, 7, D, seed=20)
+    with torch.no_grad():
+        torch.testing.assert_close(again(x)[0], model(x)[0], atol=0, rtol=0)
+    keywords = HTMLayer(**dataclasses.asdict(config))
+    assert [n for n, _ in keywords.named_parameters()] == [n for n, _ in layer.named_parameters()]

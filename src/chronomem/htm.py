@@ -575,48 +575,64 @@ class HTMTransformerState(RecurrentState):
         )
 
 
+@dataclass
+class HTMConfig:
+    """The options of ``HTMTransformer`` (also ``HTMTransformer.Config``), passed whole to each
+    ``HTMLayer``; serialises to JSON (``dataclasses.asdict``). Paper defaults: docs/htm.md."""
+
+    dim: int = 512
+    depth: int = 4
+    num_heads: int = 8
+    top_k: int = 8
+    chunk_size: int = 32
+    memory_size: int = 64
+    window: int = 64
+    extra_length: int = 0
+    overlap: int = 0
+    keep_across_episodes: bool = False
+    shared_memory: bool = False
+    ff_mult: float = 4.0
+    dropout: float = 0.0
+    position_encoding: bool = True
+    memory_gradient: bool = False
+    relative_positions: bool = True
+    init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
+    memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
+    output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
+    read_impl: str = "auto"  # how the selected chunks are mixed: "auto", "gather", "dense", "reference"
+
+
 class HTMLayer(nn.Module):
     """Pre-LN local causal self-attention, pre-LN HTM block, pre-LN FFN; residual, no gating."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        top_k: int,
-        chunk_size: int,
-        *,
-        ff_mult: float = 4.0,
-        dropout: float = 0.0,
-        position_encoding: bool = True,
-        memory_gradient: bool = False,
-        relative_positions: bool = True,
-        init_scale: float | None = 2.0,
-        memory_norm: bool = False,
-        read_impl: str = "auto",
-    ):
+    def __init__(self, config: HTMConfig | None = None, **kwargs):
+        """``HTMLayer(config)`` with the model's ``HTMConfig`` (the fields of one layer are read from it:
+        width, heads, the HTM block's options, local attention, FFN), or the same fields as keywords."""
         super().__init__()
+        cfg = build_config(HTMConfig, config, kwargs)
+        dim, heads = cfg.dim, cfg.num_heads
         self.norm_local = nn.LayerNorm(dim)
         # Fig. 1d: the agent memory is the (gated) Transformer-XL's with the XL memory replaced by the
         # HTM block, so its local attention keeps Transformer-XL's relative positions (Dai et al. 2019).
-        if relative_positions:
-            self.local = RelativeAttention(dim, num_heads, dropout=dropout)
+        if cfg.relative_positions:
+            self.local = RelativeAttention(dim, heads, dropout=cfg.dropout)
         else:
-            self.local = MultiHeadAttention(dim, num_heads, dropout=dropout)
+            self.local = MultiHeadAttention(dim, heads, dropout=cfg.dropout)
         self.norm_memory = nn.LayerNorm(dim)
         self.memory = HTMAttention(
             dim,
-            num_heads,
-            top_k,
-            chunk_size,
-            position_encoding=position_encoding,
-            dropout=dropout,
-            memory_gradient=memory_gradient,
-            init_scale=init_scale,
-            memory_norm=memory_norm,
-            read_impl=read_impl,
+            heads,
+            cfg.top_k,
+            cfg.chunk_size,
+            position_encoding=cfg.position_encoding,
+            dropout=cfg.dropout,
+            memory_gradient=cfg.memory_gradient,
+            init_scale=cfg.init_scale,
+            memory_norm=cfg.memory_norm,
+            read_impl=cfg.read_impl,
         )
         self.norm_ff = nn.LayerNorm(dim)
-        self.ff = FeedForward(dim, ff_mult, dropout)
+        self.ff = FeedForward(dim, cfg.ff_mult, cfg.dropout)
 
     def forward(self, x: Tensor, context: Tensor, local: LocalLayout, chunks: tuple) -> Tensor:
         """``x [B, N, D]``; ``context [B, L + N, D]`` = cache then x; ``local`` the blocks of the local
@@ -651,28 +667,7 @@ class HTMTransformer(nn.Module):
     ``memory_gradient`` (gradients into the chunks built within a call; default off, as in the paper).
     """
 
-    @dataclass
-    class Config:
-        dim: int = 512
-        depth: int = 4
-        num_heads: int = 8
-        top_k: int = 8
-        chunk_size: int = 32
-        memory_size: int = 64
-        window: int = 64
-        extra_length: int = 0
-        overlap: int = 0
-        keep_across_episodes: bool = False
-        shared_memory: bool = False
-        ff_mult: float = 4.0
-        dropout: float = 0.0
-        position_encoding: bool = True
-        memory_gradient: bool = False
-        relative_positions: bool = True
-        init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
-        memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
-        output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
-        read_impl: str = "auto"  # how the selected chunks are mixed: "auto", "gather", "dense", "reference"
+    Config = HTMConfig
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -696,23 +691,7 @@ class HTMTransformer(nn.Module):
         check_read_impl(cfg.read_impl)
         self.dim = self.out_dim = cfg.dim
         self.cache_length = cfg.window - 1 + cfg.extra_length
-        self.layers = nn.ModuleList(
-            HTMLayer(
-                cfg.dim,
-                cfg.num_heads,
-                cfg.top_k,
-                cfg.chunk_size,
-                ff_mult=cfg.ff_mult,
-                dropout=cfg.dropout,
-                position_encoding=cfg.position_encoding,
-                memory_gradient=cfg.memory_gradient,
-                relative_positions=cfg.relative_positions,
-                init_scale=cfg.init_scale,
-                memory_norm=cfg.memory_norm,
-                read_impl=cfg.read_impl,
-            )
-            for _ in range(cfg.depth)
-        )
+        self.layers = nn.ModuleList(HTMLayer(cfg) for _ in range(cfg.depth))
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> HTMTransformerState:
         """The empty state; ``dtype`` defaults to the parameters' dtype."""
