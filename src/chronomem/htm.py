@@ -251,13 +251,14 @@ class HierarchicalMemory(RecurrentState):
     def _commit(
         self, keys: Tensor, contents: Tensor, slot_valid: Tensor, valid: Tensor
     ) -> HierarchicalMemory:
-        """Put ``K`` new chunks per row (``valid [B, K]`` marks real ones, in order) into the ring buffer."""
+        """Put ``K`` new chunks per row (``valid [B, K]`` marks real ones, in commit order) into the ring
+        buffer."""
         B, M = self.batch_size, self.capacity
         K = keys.shape[1]
         if K == 0:
             return self
-        count = valid.sum(1)  # [B] (valid chunks are a prefix)
-        i = torch.arange(K, device=keys.device)[None, :]
+        count = valid.sum(1)  # [B]
+        i = valid.long().cumsum(1) - 1  # commit rank of each valid chunk
         # Only the newest M of this call's chunks survive; the rest would be evicted at once.
         keep = valid & (i >= count[:, None] - M)
         slot = torch.where(keep, (self.committed[:, None] + i) % M, M)  # M = a scratch slot, dropped
@@ -343,20 +344,40 @@ class HierarchicalMemory(RecurrentState):
         only over the distinct steps at which some row's episode ends."""
         N = x.shape[1]
         ends = [] if done is None or not bool(done.any()) else done.any(0).nonzero().flatten().tolist()
-        mem, begin, chunks = self, 0, []
+        if not ends:
+            new = self.new_chunks(x, lengths, detach)
+            return self._store(new), [new]
+        # Build the chunks episode piece by piece (only the accumulator carries from piece to piece),
+        # then commit them all at once: as end_episode after each piece would, but one copy of memory.
+        acc, begin, chunks, episodes = self, 0, [], []
+        episode = torch.zeros_like(self.fill)  # [B] episode ends so far in each row
         for t, episode_end in [*((t, True) for t in ends), (N - 1, False)]:
             if begin > t:  # the last episode end was at the call's last step
                 break
-            new = mem.new_chunks(x[:, begin : t + 1], (lengths - begin).clamp(0, t + 1 - begin), detach)
+            new = acc.new_chunks(x[:, begin : t + 1], (lengths - begin).clamp(0, t + 1 - begin), detach)
             chunks.append(replace(new, end=new.end + begin))
-            mem = mem._store(new)
-            if episode_end:  # some rows' episode ends after step t
+            episodes.append(episode[:, None].expand_as(new.valid))
+            acc = replace(acc, accumulator=new.accumulator.detach(), fill=new.fill, carried=new.carried)
+            if episode_end:  # some rows' episode ends after step t: commit the partial chunk, restart
                 ended = done[:, t] & (t < lengths)
-                partial = mem._partial_chunk(ended, new.accumulator)
+                partial = acc._partial_chunk(ended, new.accumulator)
                 chunks.append(replace(partial, end=torch.full_like(partial.valid, t, dtype=torch.long)))
-                mem = mem.end_episode(ended, partial)
+                episodes.append(episode[:, None])
+                acc = replace(acc, accumulator=torch.where(ended[:, None, None], 0.0, acc.accumulator),
+                              fill=torch.where(ended, 0, acc.fill), carried=torch.where(ended, 0, acc.carried))
+                episode = episode + ended.long()
             begin = t + 1
-        return mem, chunks
+        valid = torch.cat([c.valid for c in chunks], 1)
+        mem = self
+        if not self.keep_across_episodes:  # cleared at each end: only the last episode's chunks stay
+            mem = RecurrentState.reset(self, episode > 0)
+            valid = valid & (torch.cat(episodes, 1) == episode[:, None])
+        C = self.chunk_size
+        slot_valid = torch.cat([c.valid[..., None].expand(-1, -1, C) if c.slots is None else c.slots
+                                for c in chunks], 1)
+        mem = mem._commit(torch.cat([c.keys for c in chunks], 1).detach(),
+                          torch.cat([c.contents for c in chunks], 1).detach(), slot_valid, valid)
+        return replace(mem, accumulator=acc.accumulator, fill=acc.fill, carried=acc.carried), chunks
 
     def reset(self, done: Tensor) -> HierarchicalMemory:
         """Episode boundary between calls (``done [B]``); see ``end_episode``."""
