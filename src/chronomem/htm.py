@@ -41,10 +41,16 @@ Where neither says, our choices:
   before t (last step < t), among them only the newest ``memory_size`` (the ring buffer at time t).
   Every call of ``HTMTransformer.forward`` builds the chunks that complete inside the call once,
   reads them with the stored ones under a per-query mask that applies the rule, and stores them.
-  Outputs agree across modes to float tolerance; gradients differ (in window mode they do not flow
-  into the local-attention cache, as in Transformer-XL);
-* episode boundaries inside one ``forward`` call are not supported: reset rows between calls with
-  ``state.reset(done)`` (``HierarchicalMemory.write`` itself handles boundaries inside a call).
+  Outputs agree across call splits to float tolerance, and so do gradients: the local-attention cache
+  carries the gradient from call to call like an RNN state until ``state.detach()`` (the memory stays
+  detached, Section 2);
+* episode ends inside a call (``done [B, N]``, True at an episode's last step): time restarts after
+  the end, so the local window restarts at the episode's first step and sees no earlier episode's
+  steps, and the HTM block reads only the episode's own chunks; the partial chunk is committed, then
+  the memory cleared, exactly as ``state.reset(done[:, t])`` between two calls. With
+  ``keep_across_episodes`` the memory persists across the boundary by design (Section 3.3), the
+  local window still restarts (a window of the past steps is the local attention's, not memory's).
+  No gradient crosses a boundary.
 
 Options that depart from the paper (off by default; docs/htm.md gives the measurements):
 
@@ -86,6 +92,7 @@ from chronomem.layers import (
     RecurrentState,
     RelativeAttention,
     build_config,
+    check_done,
     check_heads,
     check_mask,
     check_positive,
@@ -203,18 +210,28 @@ class HierarchicalMemory(RecurrentState):
             x = x.detach()  # Section 2: stop gradients flowing into the memory
         fill = self.fill
         total = fill + lengths  # [B] stream length per row
+        count = torch.where(total >= C, torch.div(total - C, s, rounding_mode="floor") + 1, 0)  # [B]
+        k_max = int(count.max()) if B else 0
+        j = torch.arange(C, device=x.device)[None, :]
+        if k_max == 0:  # no chunk completes (most steps of an agent): the steps only join the accumulator
+            if N == 1:  # any slot index reads the one step
+                steps = x.expand(B, C, D)
+            else:
+                steps = x.gather(1, (j - fill[:, None]).clamp(0, N - 1)[..., None].expand(B, C, D))
+            new_slot = ((j >= fill[:, None]) & (j < total[:, None]))[..., None]
+            accumulator = torch.where(new_slot, steps, self.accumulator * (j < fill[:, None])[..., None])
+            empty = x.new_zeros(B, 0)
+            return NewChunks(x.new_zeros(B, 0, D), x.new_zeros(B, 0, C, D), empty.bool(), empty.long(),
+                             count=count, accumulator=accumulator, fill=total,
+                             carried=torch.minimum(self.carried, total))
         # Stream [B, C + N, D]: accumulator steps then the new steps, zeros past the end.
         p = torch.arange(C + N, device=x.device)[None, :]
         src = torch.cat([self.accumulator, x, x.new_zeros(B, 1, D)], dim=1)
         idx = torch.where(p < fill[:, None], p, C + p - fill[:, None])
         idx = torch.where(p < total[:, None], idx, C + N)  # past the end -> the zero row
         stream = src.gather(1, idx[..., None].expand(B, C + N, D))
-        count = torch.where(total >= C, torch.div(total - C, s, rounding_mode="floor") + 1, 0)  # [B]
-        k_max = int(count.max()) if B else 0
-        if k_max == 0:
-            contents = x.new_zeros(B, 0, C, D)
-        else:  # chunk i = stream[i*s : i*s + C]
-            contents = stream[:, : (k_max - 1) * s + C].unfold(1, C, s)[:, :k_max].permute(0, 1, 3, 2)
+        # chunk i = stream[i*s : i*s + C]
+        contents = stream[:, : (k_max - 1) * s + C].unfold(1, C, s)[:, :k_max].permute(0, 1, 3, 2)
         i = torch.arange(k_max, device=x.device)[None, :]
         valid = i < count[:, None]  # [B, K]
         contents = contents * valid[..., None, None].to(contents.dtype)
@@ -223,24 +240,25 @@ class HierarchicalMemory(RecurrentState):
         end = i * s + C - 1 - fill[:, None]
         start = count * s  # where the next accumulator begins in the stream
         new_fill = total - start
-        j = torch.arange(C, device=x.device)[None, :]
         acc_idx = (start[:, None] + j).clamp(max=C + N - 1)
         accumulator = stream.gather(1, acc_idx[..., None].expand(B, C, D))
         accumulator = accumulator * (j < new_fill[:, None])[..., None].to(x.dtype)
         carried = torch.where(count > 0, torch.full_like(count, self.overlap), self.carried)
         carried = torch.minimum(carried, new_fill)
-        return NewChunks(keys, contents, valid, end, count, accumulator, new_fill, carried)
+        return NewChunks(keys, contents, valid, end, count=count, accumulator=accumulator, fill=new_fill,
+                         carried=carried)
 
     def _commit(
         self, keys: Tensor, contents: Tensor, slot_valid: Tensor, valid: Tensor
     ) -> HierarchicalMemory:
-        """Put ``K`` new chunks per row (``valid [B, K]`` marks real ones, in order) into the ring buffer."""
+        """Put ``K`` new chunks per row (``valid [B, K]`` marks real ones, in commit order) into the ring
+        buffer."""
         B, M = self.batch_size, self.capacity
         K = keys.shape[1]
         if K == 0:
             return self
-        count = valid.sum(1)  # [B] (valid chunks are a prefix)
-        i = torch.arange(K, device=keys.device)[None, :]
+        count = valid.sum(1)  # [B]
+        i = valid.long().cumsum(1) - 1  # commit rank of each valid chunk
         # Only the newest M of this call's chunks survive; the rest would be evicted at once.
         keep = valid & (i >= count[:, None] - M)
         slot = torch.where(keep, (self.committed[:, None] + i) % M, M)  # M = a scratch slot, dropped
@@ -261,30 +279,36 @@ class HierarchicalMemory(RecurrentState):
             committed=self.committed + count,
         )
 
-    def _append(self, x: Tensor, lengths: Tensor) -> HierarchicalMemory:
-        return self._store(self.new_chunks(x, lengths))
-
     def _store(self, new: NewChunks) -> HierarchicalMemory:
         """Commit ``new`` (from ``new_chunks``) and keep its accumulator; stored detached (Section 2)."""
         slot_valid = new.valid[..., None].expand(-1, -1, self.chunk_size)
         mem = self._commit(new.keys.detach(), new.contents.detach(), slot_valid, new.valid)
         return replace(mem, accumulator=new.accumulator.detach(), fill=new.fill, carried=new.carried)
 
-    def end_episode(self, done: Tensor) -> HierarchicalMemory:
+    def _partial_chunk(self, done: Tensor, accumulator: Tensor | None = None) -> NewChunks:
+        """The partial chunk of the rows in ``done [B]`` as one chunk per row, committed at an episode end:
+        its empty slots masked, its key the mean of the stored steps, ``valid`` where it holds a step not
+        yet in memory. ``accumulator``: the accumulator's values with their graph (default: the state's)."""
+        C = self.chunk_size
+        acc = self.accumulator if accumulator is None else accumulator
+        slots = torch.arange(C, device=done.device)[None, :] < self.fill[:, None]  # [B, C]
+        w = slots.to(acc.dtype)[..., None]
+        key = (acc * w).sum(1) / w.sum(1).clamp_min(1.0)  # mean of the stored steps
+        fresh = done & (self.fill > self.carried)
+        return NewChunks(key[:, None], (acc * w)[:, None], fresh[:, None], slots=slots[:, None])
+
+    def end_episode(self, done: Tensor, partial: NewChunks | None = None) -> HierarchicalMemory:
         """Episode boundary for the rows in ``done [B]``: commit their partial chunk, then clear them.
 
-        The partial chunk is committed with its empty slots masked (and its key the mean of the
-        stored steps) when it holds a step not yet in memory. Rows are then cleared unless
-        ``keep_across_episodes``; either way the next episode starts a new chunk.
+        The partial chunk (``_partial_chunk``, or ``partial`` when already built) is committed with its
+        empty slots masked (and its key the mean of the stored steps) when it holds a step not yet in
+        memory. Rows are then cleared unless ``keep_across_episodes``; either way the next episode starts
+        a new chunk.
         """
         if not bool(done.any()):
             return self
-        C = self.chunk_size
-        fresh = done & (self.fill > self.carried)
-        slots = torch.arange(C, device=done.device)[None, :] < self.fill[:, None]  # [B, C]
-        w = slots.to(self.accumulator.dtype)[..., None]
-        key = (self.accumulator * w).sum(1) / w.sum(1).clamp_min(1.0)  # mean of the stored steps
-        mem = self._commit(key[:, None], (self.accumulator * w)[:, None], slots[:, None], fresh[:, None])
+        partial = self._partial_chunk(done) if partial is None else partial
+        mem = self._commit(partial.keys.detach(), partial.contents.detach(), partial.slots, partial.valid)
         d = done.view(-1, 1, 1)
         mem = replace(
             mem,
@@ -309,18 +333,51 @@ class HierarchicalMemory(RecurrentState):
         N = x.shape[1]
         check_mask(done, "done", (B, N))
         lengths = _prefix_lengths(mask, B, N, x.device)
-        if done is None or not bool(done.any()):
-            return self._append(x, lengths)
-        # Loop only over the distinct steps at which some episode ends.
-        mem, begin = self, 0
-        for t in done.any(0).nonzero().flatten().tolist():
-            seg = (lengths - begin).clamp(0, t + 1 - begin)
-            mem = mem._append(x[:, begin : t + 1], seg)
-            mem = mem.end_episode(done[:, t] & (t < lengths))
+        return self.write_chunks(x, lengths, done)[0]
+
+    def write_chunks(
+        self, x: Tensor, lengths: Tensor, done: Tensor | None = None, detach: bool = True
+    ) -> tuple[HierarchicalMemory, list[NewChunks]]:
+        """``write`` on checked inputs (``lengths [B]`` valid steps per row), and every chunk it commits, in
+        commit order, with the call index of the step that commits it (``NewChunks.end``): what a call
+        reads besides the stored chunks (``HTMTransformer``). Each chunk is built once. The loop runs
+        only over the distinct steps at which some row's episode ends."""
+        N = x.shape[1]
+        ends = [] if done is None or not bool(done.any()) else done.any(0).nonzero().flatten().tolist()
+        if not ends:
+            new = self.new_chunks(x, lengths, detach)
+            return self._store(new), [new]
+        # Build the chunks episode piece by piece (only the accumulator carries from piece to piece),
+        # then commit them all at once: as end_episode after each piece would, but one copy of memory.
+        acc, begin, chunks, episodes = self, 0, [], []
+        episode = torch.zeros_like(self.fill)  # [B] episode ends so far in each row
+        for t, episode_end in [*((t, True) for t in ends), (N - 1, False)]:
+            if begin > t:  # the last episode end was at the call's last step
+                break
+            new = acc.new_chunks(x[:, begin : t + 1], (lengths - begin).clamp(0, t + 1 - begin), detach)
+            chunks.append(replace(new, end=new.end + begin))
+            episodes.append(episode[:, None].expand_as(new.valid))
+            acc = replace(acc, accumulator=new.accumulator.detach(), fill=new.fill, carried=new.carried)
+            if episode_end:  # some rows' episode ends after step t: commit the partial chunk, restart
+                ended = done[:, t] & (t < lengths)
+                partial = acc._partial_chunk(ended, new.accumulator)
+                chunks.append(replace(partial, end=torch.full_like(partial.valid, t, dtype=torch.long)))
+                episodes.append(episode[:, None])
+                acc = replace(acc, accumulator=torch.where(ended[:, None, None], 0.0, acc.accumulator),
+                              fill=torch.where(ended, 0, acc.fill), carried=torch.where(ended, 0, acc.carried))
+                episode = episode + ended.long()
             begin = t + 1
-        if begin < N:
-            mem = mem._append(x[:, begin:], (lengths - begin).clamp(min=0))
-        return mem
+        valid = torch.cat([c.valid for c in chunks], 1)
+        mem = self
+        if not self.keep_across_episodes:  # cleared at each end: only the last episode's chunks stay
+            mem = RecurrentState.reset(self, episode > 0)
+            valid = valid & (torch.cat(episodes, 1) == episode[:, None])
+        C = self.chunk_size
+        slot_valid = torch.cat([c.valid[..., None].expand(-1, -1, C) if c.slots is None else c.slots
+                                for c in chunks], 1)
+        mem = mem._commit(torch.cat([c.keys for c in chunks], 1).detach(),
+                          torch.cat([c.contents for c in chunks], 1).detach(), slot_valid, valid)
+        return replace(mem, accumulator=acc.accumulator, fill=acc.fill, carried=acc.carried), chunks
 
     def reset(self, done: Tensor) -> HierarchicalMemory:
         """Episode boundary between calls (``done [B]``); see ``end_episode``."""
@@ -331,14 +388,20 @@ class HierarchicalMemory(RecurrentState):
 
 @dataclass(frozen=True)
 class NewChunks:
-    keys: Tensor  # [B, K, D]
-    contents: Tensor  # [B, K, C, D]
-    valid: Tensor  # [B, K] (a prefix per row)
-    end: Tensor  # [B, K] index in the call of the step that completes each chunk
-    count: Tensor  # [B]
-    accumulator: Tensor  # [B, C, D] after the call
-    fill: Tensor  # [B]
-    carried: Tensor  # [B]
+    """Chunks committed by one write: ``keys [B, K, D]``, ``contents [B, K, C, D]``, ``valid [B, K]``,
+    ``end [B, K]`` (the call index of the step that commits each), ``slots [B, K, C]`` (the stored
+    slots; None: all). From ``new_chunks`` also ``count [B]`` (valid chunks, a prefix per row) and the
+    accumulator after the write (``accumulator [B, C, D]``, ``fill [B]``, ``carried [B]``)."""
+
+    keys: Tensor
+    contents: Tensor
+    valid: Tensor
+    end: Tensor | None = None
+    slots: Tensor | None = None
+    count: Tensor | None = None
+    accumulator: Tensor | None = None
+    fill: Tensor | None = None
+    carried: Tensor | None = None
 
 
 def _prefix_lengths(mask: Tensor | None, batch: int, n: int, device) -> Tensor:
@@ -454,8 +517,13 @@ class HTMAttention(nn.Module):
         if mask is not None:
             visible = visible & mask
 
-        # Relevance R = (W_q LN(x)) . (W_k S)^T / sqrt(D)   (Section 2; scale from the released module)
-        logits = torch.einsum("bqd,bmd->bqm", self.to_query(queries), self.to_key(keys)) / math.sqrt(D)
+        # Relevance R = (W_q LN(x)) . (W_k S)^T / sqrt(D)   (Section 2; scale from the released module).
+        # W_k is applied on whichever side has fewer rows: (W_q x) . (W_k s) = (W_k^T W_q x) . s, so a
+        # few queries (an agent's step) score the raw summaries instead of projecting all M of them.
+        if Q < M:
+            logits = (self.to_query(queries) @ self.to_key.weight) @ keys.transpose(1, 2) / math.sqrt(D)
+        else:
+            logits = self.to_query(queries) @ self.to_key(keys).transpose(1, 2) / math.sqrt(D)
         logits = logits.masked_fill(~visible, NEG)  # hide chunks BEFORE top-k
         top_logits, top_idx = logits.topk(k, dim=-1)  # [B, Q, k]
         top_visible = visible.gather(-1, top_idx)
@@ -508,8 +576,9 @@ class HTMAttention(nn.Module):
 @dataclass(frozen=True)
 class HTMTransformerState(RecurrentState):
     """Per-layer memories (one shared memory with ``shared_memory``), per-layer local-attention
-    caches ``[B, L, D]`` of the last ``L = window - 1 + extra_length`` layer inputs, and ``position [B]``
-    (steps since the episode began)."""
+    caches ``[B, L, D]`` of the last ``L = window - 1 + extra_length`` layer inputs (zeros before the
+    episode's first step; they carry the gradient until ``detach()``), and ``position [B]`` (steps
+    since the episode began)."""
 
     memories: tuple
     caches: tuple
@@ -527,48 +596,64 @@ class HTMTransformerState(RecurrentState):
         )
 
 
+@dataclass
+class HTMConfig:
+    """The options of ``HTMTransformer`` (also ``HTMTransformer.Config``), passed whole to each
+    ``HTMLayer``; serialises to JSON (``dataclasses.asdict``). Paper defaults: docs/htm.md."""
+
+    dim: int = 512
+    depth: int = 4
+    num_heads: int = 8
+    top_k: int = 8
+    chunk_size: int = 32
+    memory_size: int = 64
+    window: int = 64
+    extra_length: int = 0
+    overlap: int = 0
+    keep_across_episodes: bool = False
+    shared_memory: bool = False
+    ff_mult: float = 4.0
+    dropout: float = 0.0
+    position_encoding: bool = True
+    memory_gradient: bool = False
+    relative_positions: bool = True
+    init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
+    memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
+    output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
+    read_impl: str = "auto"  # how the selected chunks are mixed: "auto", "gather", "dense", "reference"
+
+
 class HTMLayer(nn.Module):
     """Pre-LN local causal self-attention, pre-LN HTM block, pre-LN FFN; residual, no gating."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        top_k: int,
-        chunk_size: int,
-        *,
-        ff_mult: float = 4.0,
-        dropout: float = 0.0,
-        position_encoding: bool = True,
-        memory_gradient: bool = False,
-        relative_positions: bool = True,
-        init_scale: float | None = 2.0,
-        memory_norm: bool = False,
-        read_impl: str = "auto",
-    ):
+    def __init__(self, config: HTMConfig | None = None, **kwargs):
+        """``HTMLayer(config)`` with the model's ``HTMConfig`` (the fields of one layer are read from it:
+        width, heads, the HTM block's options, local attention, FFN), or the same fields as keywords."""
         super().__init__()
+        cfg = build_config(HTMConfig, config, kwargs)
+        dim, heads = cfg.dim, cfg.num_heads
         self.norm_local = nn.LayerNorm(dim)
         # Fig. 1d: the agent memory is the (gated) Transformer-XL's with the XL memory replaced by the
         # HTM block, so its local attention keeps Transformer-XL's relative positions (Dai et al. 2019).
-        if relative_positions:
-            self.local = RelativeAttention(dim, num_heads, dropout=dropout)
+        if cfg.relative_positions:
+            self.local = RelativeAttention(dim, heads, dropout=cfg.dropout)
         else:
-            self.local = MultiHeadAttention(dim, num_heads, dropout=dropout)
+            self.local = MultiHeadAttention(dim, heads, dropout=cfg.dropout)
         self.norm_memory = nn.LayerNorm(dim)
         self.memory = HTMAttention(
             dim,
-            num_heads,
-            top_k,
-            chunk_size,
-            position_encoding=position_encoding,
-            dropout=dropout,
-            memory_gradient=memory_gradient,
-            init_scale=init_scale,
-            memory_norm=memory_norm,
-            read_impl=read_impl,
+            heads,
+            cfg.top_k,
+            cfg.chunk_size,
+            position_encoding=cfg.position_encoding,
+            dropout=cfg.dropout,
+            memory_gradient=cfg.memory_gradient,
+            init_scale=cfg.init_scale,
+            memory_norm=cfg.memory_norm,
+            read_impl=cfg.read_impl,
         )
         self.norm_ff = nn.LayerNorm(dim)
-        self.ff = FeedForward(dim, ff_mult, dropout)
+        self.ff = FeedForward(dim, cfg.ff_mult, cfg.dropout)
 
     def forward(self, x: Tensor, context: Tensor, local: LocalLayout, chunks: tuple) -> Tensor:
         """``x [B, N, D]``; ``context [B, L + N, D]`` = cache then x; ``local`` the blocks of the local
@@ -576,8 +661,11 @@ class HTMLayer(nn.Module):
         normed = self.norm_local(context)  # LN is per step: LN([cache; x]) = [LN(cache); LN(x)]
         B, N, D = x.shape
         G, Wq = local.queries.shape
-        queries = normed[:, local.queries.flatten()].view(B * G, Wq, D)  # each block's queries are
-        keys = normed[:, local.keys.flatten()].view(B * G, -1, D)  # its last keys, consecutive steps
+        if G == 1:  # one block: every context step is a key, the last Wq are the queries
+            queries, keys = normed[:, -Wq:], normed
+        else:  # each block's queries are its last keys, consecutive steps
+            queries = normed[:, local.queries.flatten()].view(B * G, Wq, D)
+            keys = normed[:, local.keys.flatten()].view(B * G, -1, D)
         mask = local.mask.flatten(0, 1)  # [B * G, Wq, Wk], causality included
         read = self.local(queries, keys, attn_mask=mask[:, None])  # causal local self-attention
         x = x + read.view(B, G * Wq, D)[:, local.offset : local.offset + N]
@@ -586,7 +674,12 @@ class HTMLayer(nn.Module):
 
 
 class HTMTransformer(nn.Module):
-    """Stack of ``HTMLayer``; ``y, state = model(x [B, N, D], state=None, mask=None)``.
+    """Stack of ``HTMLayer``; ``y, state = model(x [B, N, D], state=None, mask=None, done=None)``.
+
+    ``done [B, N]`` (boolean, True where a step is the last of its episode; ignored at padded steps):
+    after such a step the row continues from the initial state (its partial chunk committed, then its
+    memory cleared unless ``keep_across_episodes``; its local window restarted), as ``state.reset``
+    between two calls would, and no output or gradient crosses the boundary (module docstring).
 
     Each layer stores its own inputs in its memory (Section 2, "initial layer inputs"); with
     ``shared_memory=True`` every layer reads one memory of the model's inputs instead (the paper's
@@ -595,28 +688,7 @@ class HTMTransformer(nn.Module):
     ``memory_gradient`` (gradients into the chunks built within a call; default off, as in the paper).
     """
 
-    @dataclass
-    class Config:
-        dim: int = 512
-        depth: int = 4
-        num_heads: int = 8
-        top_k: int = 8
-        chunk_size: int = 32
-        memory_size: int = 64
-        window: int = 64
-        extra_length: int = 0
-        overlap: int = 0
-        keep_across_episodes: bool = False
-        shared_memory: bool = False
-        ff_mult: float = 4.0
-        dropout: float = 0.0
-        position_encoding: bool = True
-        memory_gradient: bool = False
-        relative_positions: bool = True
-        init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
-        memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
-        output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
-        read_impl: str = "auto"  # how the selected chunks are mixed: "auto", "gather", "dense", "reference"
+    Config = HTMConfig
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -640,23 +712,7 @@ class HTMTransformer(nn.Module):
         check_read_impl(cfg.read_impl)
         self.dim = self.out_dim = cfg.dim
         self.cache_length = cfg.window - 1 + cfg.extra_length
-        self.layers = nn.ModuleList(
-            HTMLayer(
-                cfg.dim,
-                cfg.num_heads,
-                cfg.top_k,
-                cfg.chunk_size,
-                ff_mult=cfg.ff_mult,
-                dropout=cfg.dropout,
-                position_encoding=cfg.position_encoding,
-                memory_gradient=cfg.memory_gradient,
-                relative_positions=cfg.relative_positions,
-                init_scale=cfg.init_scale,
-                memory_norm=cfg.memory_norm,
-                read_impl=cfg.read_impl,
-            )
-            for _ in range(cfg.depth)
-        )
+        self.layers = nn.ModuleList(HTMLayer(cfg) for _ in range(cfg.depth))
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> HTMTransformerState:
         """The empty state; ``dtype`` defaults to the parameters' dtype."""
@@ -684,19 +740,23 @@ class HTMTransformer(nn.Module):
         return HTMTransformerState(memories, caches, torch.zeros(batch_size, dtype=torch.long, device=device))
 
     # -- masks for one call --------------------------------------------------------------------
-    def _local_layout(self, position: Tensor, lengths: Tensor, n: int, cache: int | None = None) -> LocalLayout:
+    def _local_layout(self, position: Tensor, lengths: Tensor, n: int, cache: int | None = None,
+                      steps: Episodes | None = None) -> LocalLayout:
         """Which context steps each query's local attention reads: query t sees step s iff
-        ``floor(t/W)*W - E <= s <= t`` and s is a real step. The context is ``cache`` steps (default:
-        the cache length) and then the ``n`` queries, the first at ``position``.
+        ``floor(t/W)*W - E <= s <= t`` (steps counted from the episode's start), s is a real step and of
+        the query's episode. The context is ``cache`` steps (default: the cache length) and then the
+        ``n`` queries, the first at ``position``; ``steps`` (with episode ends inside the call) gives the
+        position and the episode of every context step instead.
 
-        When every row is at the same offset in its window and the call is longer than a window, the
-        queries are cut into their windows of W and each window reads only its W + E keys
-        (O(N * (W + E)) scores). Otherwise one block holds every query and every key ([N, L + N]).
+        When every row is at the same offset in its window, no episode ends inside the call and the
+        call is longer than a window, the queries are cut into their windows of W and each window reads
+        only its W + E keys (O(N * (W + E)) scores). Otherwise one block holds every query and every
+        key ([N, L + N]).
         """
         cfg, W, device = self.config, self.config.window, position.device
         L = self.cache_length if cache is None else cache
         offset = position % W
-        if n > W and bool((offset == offset[0]).all()):
+        if steps is None and n > W and bool((offset == offset[0]).all()):
             o = int(offset[0])
             blocks = (o + n + W - 1) // W
             q_call = torch.arange(blocks * W, device=device).view(blocks, W) - o  # [G, W] call index
@@ -706,40 +766,63 @@ class HTMTransformer(nn.Module):
         else:
             o, q_call = 0, torch.arange(n, device=device)[None, :]
             k_index = torch.arange(L + n, device=device)[None, :]
-        key_pos = position[:, None, None] + k_index[None] - L  # [B, G, Wk]
+        if steps is None:
+            key_pos = position[:, None, None] + k_index[None] - L  # [B, G, Wk]
+            q_pos = position[:, None, None] + q_call[None]  # [B, G, Wq]
+        else:  # one block: the keys are the whole context, the queries its last n steps
+            key_pos, q_pos = steps.position[:, None, :], steps.position[:, None, L:]
         key_ok = (key_pos >= 0) & (k_index[None] - L < lengths[:, None, None]) & (k_index[None] < L + n)
-        q_pos = position[:, None, None] + q_call[None]  # [B, G, Wq]
         q_ok = (q_call >= 0) & (q_call < n)
         lo = torch.div(q_pos, W, rounding_mode="floor") * W - cfg.extra_length
         kp = key_pos[:, :, None, :]
         mask = key_ok[:, :, None, :] & q_ok[None, :, :, None] & (kp <= q_pos[..., None]) & (kp >= lo[..., None])
+        if steps is not None:  # only the query's own episode
+            mask = mask & (steps.episode[:, None, L:, None] == steps.episode[:, None, None, :])
         return LocalLayout(o, q_call.clamp(0, n - 1) + L, k_index.clamp(0, L + n - 1), mask)
 
-    def _read_and_store(self, memory: HierarchicalMemory, x: Tensor, lengths: Tensor):
-        """Build the chunks that complete in this call once; return what the call reads (``_chunks``)
-        and the memory after storing them (what ``memory.write(x, mask=mask)`` returns)."""
-        new = memory.new_chunks(x, lengths, detach=not self.config.memory_gradient)
-        return self._chunks(memory, new, x.shape[1]), memory._store(new)
+    def _read_and_store(self, memory: HierarchicalMemory, x: Tensor, lengths: Tensor, done: Tensor | None,
+                        episode: Tensor | None):
+        """Build the chunks this call commits once; return what the call reads (``_chunks``) and the
+        memory after storing them (what ``memory.write(x, done=done, mask=mask)`` returns)."""
+        stored, new = memory.write_chunks(x, lengths, done, detach=not self.config.memory_gradient)
+        return self._chunks(memory, new, x.shape[1], episode), stored
 
-    def _chunks(self, memory: HierarchicalMemory, new: NewChunks, N: int):
-        """Stored chunks plus the ``new`` chunks completing in this call of ``N`` steps, and the
-        per-query visibility mask."""
-        M, device = memory.capacity, memory.keys.device
+    def _chunks(self, memory: HierarchicalMemory, new: list[NewChunks], N: int, episode: Tensor | None):
+        """Stored chunks plus the ``new`` chunks committed in this call of ``N`` steps, and the per-query
+        visibility mask: a chunk committed before the query (its last step earlier), among the newest
+        ``M`` (the ring buffer at the query's time), and, unless ``keep_across_episodes``, of the query's
+        episode (``episode [B, N]``, the number of episode ends before each step; stored chunks belong
+        to episode 0)."""
+        M, C, device = memory.capacity, memory.chunk_size, memory.keys.device
+        dtype = memory.keys.dtype
+        if episode is None and all(c.valid.shape[1] == 0 for c in new):
+            # Nothing committed in the call (an agent's step, mostly): the stored chunks are the ring
+            # buffer at every query's time, so validity alone is the mask.
+            return memory.keys, memory.contents, memory.slot_valid, memory.valid, None
+        valid_new = torch.cat([c.valid for c in new], 1)  # [B, K]
+        end = torch.cat([c.end for c in new], 1)
         n = torch.arange(N, device=device)[None, :, None]  # query index in the call
         # Chunks committed before query n: the stored ones plus new chunks whose last step < n.
-        new_seen = new.valid[:, None, :] & (new.end[:, None, :] < n)  # [B, N, K]
+        new_seen = valid_new[:, None, :] & (end[:, None, :] < n)  # [B, N, K]
         before = memory.committed[:, None] + new_seen.sum(-1)  # [B, N]
         oldest = (before - M)[..., None]  # the ring buffer holds chunk ids >= before - M
         old_seen = memory.valid[:, None, :] & (memory.chunk_id[:, None, :] >= oldest)
-        new_ids = memory.committed[:, None] + torch.arange(new.keys.shape[1], device=device)[None, :]
+        counted = valid_new.long()
+        new_ids = memory.committed[:, None] + counted.cumsum(1) - counted  # commit order of the valid ones
         new_seen = new_seen & (new_ids[:, None, :] >= oldest)
-        keys = torch.cat([memory.keys, new.keys.to(memory.keys.dtype)], 1)
-        contents = torch.cat([memory.contents, new.contents.to(memory.contents.dtype)], 1)
-        slot_valid = torch.cat([memory.slot_valid, new.valid[..., None].expand(-1, -1, memory.chunk_size)], 1)
-        valid = torch.cat([memory.valid, new.valid], 1)
+        if episode is not None and not memory.keep_across_episodes:  # the memory was cleared at each end
+            old_seen = old_seen & (episode == 0)[..., None]
+            chunk_episode = episode.gather(1, end.clamp(0, N - 1))  # the episode that committed the chunk
+            new_seen = new_seen & (chunk_episode[:, None, :] == episode[..., None])
+        keys = torch.cat([memory.keys, *(c.keys.to(dtype) for c in new)], 1)
+        contents = torch.cat([memory.contents, *(c.contents.to(dtype) for c in new)], 1)
+        slot_valid = torch.cat([memory.slot_valid, *(
+            c.valid[..., None].expand(-1, -1, C) if c.slots is None else c.slots for c in new)], 1)
+        valid = torch.cat([memory.valid, valid_new], 1)
         return keys, contents, slot_valid, valid, torch.cat([old_seen, new_seen], -1)
 
-    def forward(self, x: Tensor, state: HTMTransformerState | None = None, mask: Tensor | None = None):
+    def forward(self, x: Tensor, state: HTMTransformerState | None = None, mask: Tensor | None = None,
+                done: Tensor | None = None):
         cfg = self.config
         x = check_tensor(x, "x", 3, cfg.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         B, N, _ = x.shape
@@ -749,6 +832,15 @@ class HTMTransformer(nn.Module):
             raise TypeError(f"state must be an HTMTransformerState, got {type(state).__name__}")
         check_state_batch(state.position.shape[0], B)
         lengths = _prefix_lengths(mask, B, N, x.device)
+        steps = None
+        done = check_done(done, (B, N))
+        if done is not None:
+            done = done & (torch.arange(N, device=x.device)[None, :] < lengths[:, None])  # padding: ignored
+            if bool(done.any()):
+                steps = Episodes.of(done, state.position, self.cache_length)
+            else:
+                done = None
+        episode = None if steps is None else steps.episode[:, self.cache_length :]
         # output_steps: the steps from `start` on are all that is read out. The last layer computes only
         # those queries (over the full context of keys and the same chunks). With one shared memory and a
         # window of one step (App. B.4) each query reads only itself and the memory, so every layer does.
@@ -756,16 +848,17 @@ class HTMTransformer(nn.Module):
         if start and mask is not None and not bool(mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs
-            shared, stored = self._read_and_store(state.memories[0], x, lengths)
+            shared, stored = self._read_and_store(state.memories[0], x, lengths, done, episode)
             memories = [stored]
         else:
             memories = []
         tail_everywhere = bool(start) and cfg.shared_memory and self.cache_length == 0
         if tail_everywhere:  # only the tail enters the layers (the memory above holds every step)
-            x, shared = x[:, start:], (*shared[:-1], shared[-1][:, start:])
-            local = self._local_layout(state.position + start, lengths - start, N - start)
+            x, shared = x[:, start:], _tail_chunks(shared, start)
+            local = self._local_layout(state.position + start, lengths - start, N - start,
+                                       steps=None if steps is None else steps.tail(N - start))
         else:
-            local = self._local_layout(state.position, lengths, N)
+            local = self._local_layout(state.position, lengths, N, steps=steps)
         caches = []
         for i, layer in enumerate(self.layers):
             cache = state.caches[i]
@@ -773,21 +866,67 @@ class HTMTransformer(nn.Module):
             if cfg.shared_memory:
                 chunks = shared
             else:  # each layer stores its input
-                chunks, stored = self._read_and_store(state.memories[i], x, lengths)
+                chunks, stored = self._read_and_store(state.memories[i], x, lengths, done, episode)
                 memories.append(stored)
-            caches.append(_last_steps(context.detach(), lengths + self.cache_length, self.cache_length))
+            caches.append(_last_steps(context, lengths + self.cache_length, self.cache_length))
             if start and not tail_everywhere and i == len(self.layers) - 1:
                 tail = self._local_layout(state.position + start, lengths - start, N - start,
-                                          cache=context.shape[1] - (N - start))
-                x = layer(x[:, start:], context, tail, (*chunks[:-1], chunks[-1][:, start:]))
+                                          cache=context.shape[1] - (N - start), steps=steps)
+                x = layer(x[:, start:], context, tail, _tail_chunks(chunks, start))
             else:
                 x = layer(x, context, local, chunks)
-        new_state = HTMTransformerState(tuple(memories), tuple(caches), state.position + lengths)
+        position = state.position + lengths
+        if steps is not None:  # after an episode end the row continues from the initial state
+            position, caches = steps.after(state.position, lengths, caches)
+        new_state = HTMTransformerState(tuple(memories), tuple(caches), position)
         if start:
             x = torch.cat([x.new_zeros(B, start, x.shape[-1]), x], 1)
         if mask is not None:
             x = x * mask[..., None].to(x.dtype)
         return x, new_state
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """Episode ends inside one call: ``done [B, N]`` (valid steps only), and per context step (the ``L``
+    cached steps, then the call's ``N``) ``episode [B, L + N]``, the number of episode ends before the
+    step (the cache and the episode running when the call starts are episode 0), and ``position
+    [B, L + N]``, the step's time since its episode began (negative for cache slots from before it)."""
+
+    done: Tensor
+    episode: Tensor
+    position: Tensor
+
+    @classmethod
+    def of(cls, done: Tensor, position: Tensor, cache: int) -> Episodes:
+        """From ``done [B, N]`` and the state's ``position [B]`` at the call's start."""
+        B, N = done.shape
+        t = torch.arange(N, device=done.device)[None, :]
+        d = done.long()
+        episode = d.cumsum(1) - d
+        last_end = torch.where(done, t, -1).cummax(1).values  # the last episode end at or before t
+        previous = torch.cat([last_end.new_full((B, 1), -1), last_end[:, :-1]], 1)  # strictly before t
+        steps = torch.where(previous < 0, position[:, None] + t, t - previous - 1)
+        cached = position[:, None] + torch.arange(-cache, 0, device=done.device)[None, :]
+        return cls(done, torch.cat([torch.zeros_like(cached), episode], 1), torch.cat([cached, steps], 1))
+
+    def tail(self, n: int) -> Episodes:
+        """The last ``n`` steps alone (a model without cache that runs only its last steps)."""
+        return Episodes(self.done[:, -n:], self.episode[:, -n:], self.position[:, -n:])
+
+    def after(self, position: Tensor, lengths: Tensor, caches: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """The state's ``position [B]`` and ``caches`` after the call (``position`` at its start, ``lengths``
+        valid steps): time and steps of the episode running at its end; cache slots of ended episodes
+        are zeros, as ``reset`` leaves them."""
+        N = self.done.shape[1]
+        last_end = torch.where(self.done, torch.arange(N, device=lengths.device)[None, :], -1).max(1).values
+        position = torch.where(last_end >= 0, lengths - 1 - last_end, position + lengths)
+        cache = self.episode.shape[1] - N
+        if cache == 0:
+            return position, caches
+        slot = lengths[:, None] + torch.arange(cache, device=lengths.device)[None, :]  # as _last_steps
+        keep = (self.episode.gather(1, slot) == self.done.sum(1, keepdim=True))[..., None]
+        return position, [torch.where(keep, c, 0.0) for c in caches]
 
 
 @dataclass(frozen=True)
@@ -803,9 +942,17 @@ class LocalLayout:
     mask: Tensor
 
 
+def _tail_chunks(chunks: tuple, start: int) -> tuple:
+    """What the queries from ``start`` on read of ``chunks`` (``HTMTransformer._chunks``)."""
+    mask = chunks[-1]
+    return (*chunks[:-1], None if mask is None else mask[:, start:])
+
+
 def _last_steps(seq: Tensor, lengths: Tensor, n: int) -> Tensor:
     """The last ``n`` of the first ``lengths[b]`` steps of each row of ``seq [B, T, D]``."""
-    B, _, D = seq.shape
+    B, T, D = seq.shape
+    if n == 0 or bool((lengths == T).all()):  # no padding: a slice
+        return seq[:, T - n :]
     idx = lengths[:, None] - n + torch.arange(n, device=seq.device)[None, :]
     return seq.gather(1, idx[..., None].expand(B, n, D))
 

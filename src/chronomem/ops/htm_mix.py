@@ -262,6 +262,11 @@ def mix_selected_chunks(
     """
     k, C, D = rows.shape[1], table.shape[1], table.shape[2]
     block = max(1, block_bytes // (k * C * D * table.element_size()))
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, weights, table))
+    if not needs_grad and len(rows) <= block:  # one block, nothing to save for backward (acting)
+        r = rows.flatten()
+        chunks = prepare_slots(table.index_select(0, r).view(-1, k, C, D), norm, slot_encoding)
+        return _mix_block(q, weights, chunks, slot_table.index_select(0, r).view(-1, k, C))[1]
     return _MixSelectedChunks.apply(q, weights, table, slot_table, rows, block, norm, slot_encoding)
 
 
