@@ -1,4 +1,5 @@
-"""The Ballet world: remember who danced which dance (paper 001 Sec. 3.1 and App. B.1; rules of DeepMind's pycolab Ballet).
+"""The Ballet world: remember who danced which dance (paper 001 Sec. 3.1 and App. B.1; the rules of
+DeepMind's pycolab Ballet).
 
 This module holds the environment and everything it is made of: the facts of the task (room,
 dancer cells, the 13 dances of Listing 1, shapes, colours, levels, time limits), the episode

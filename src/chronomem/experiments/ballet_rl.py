@@ -25,7 +25,7 @@ from pathlib import Path
 
 from chronomem.envs.ballet import ballet_id
 from chronomem.experiments.base import Experiment, select_models
-from chronomem.experiments.rl_runs import check_cores, curve, mean_curve, plot_curves, ppo_run
+from chronomem.experiments.rl_runs import check_cores, check_no_time_budget, curve, mean_curve, plot_curves, ppo_run
 from chronomem.registry import register_experiment
 
 TABLE3_LEVELS = ("2_delay16", "8_delay16", "8_delay48")
@@ -76,7 +76,9 @@ SCALES = {
 }
 
 
-def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+         time_budget: float | None = None) -> dict:
+    check_no_time_budget("ballet-rl", time_budget)
     from chronomem.rl.evaluate import evaluate
 
     s = SCALES[scale]

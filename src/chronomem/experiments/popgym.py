@@ -30,6 +30,7 @@ from chronomem.envs.popgym import DIFFICULTIES, ENVS, popgym_id
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.rl_runs import (
     check_cores,
+    check_no_time_budget,
     curve,
     max_mean_return,
     mean_curve,
@@ -85,7 +86,9 @@ def _name(env_id: str) -> str:
     return env_id.removeprefix("popgym-").removesuffix("-v0")
 
 
-def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+         time_budget: float | None = None) -> dict:
+    check_no_time_budget("popgym", time_budget)
     s = SCALES[scale]
     chosen = select_models(s.models, models, "popgym")
     probe = s.envs[0]

@@ -4,9 +4,9 @@
   5000 (RelevanceRNN, RelevanceLSTM, MemRNN, LSTM).
 * ``denoise``: train and evaluate on Denoise at each T (paper: 100, 300, 500, 1000, 2000).
 
-Authors' settings (their code, bhargav104/MemoryNets; docs/relevance.md): hidden 128, nu=10 / rho=15 on Copy, nu=15 / rho=15 on Denoise,
-batch 10, RMSprop lr 1e-3, gradient clipping 1.0. Tokens go through the heads' embedding (equivalent
-to the authors' one-hot input times U).
+Authors' settings (their code, bhargav104/MemoryNets; docs/relevance.md): hidden 128, nu=10 /
+rho=15 on Copy, nu=15 / rho=15 on Denoise, batch 10, RMSprop lr 1e-3, gradient clipping 1.0.
+Tokens go through the heads' embedding (equivalent to the authors' one-hot input times U).
 
 Memory: every transfer evaluation runs in a fresh process measured by the benchmark's worker
 (``chronomem.bench.worker``, as ``chronomem bench`` measures its backbones): peak resident memory

@@ -16,6 +16,12 @@ import numpy as np
 Curve = list[tuple[int, float]]  # (frames, mean episodic return of the episodes ended in that update)
 
 
+def check_no_time_budget(experiment: str, time_budget: float | None) -> None:
+    """RL experiments are fixed by their frame counts; an equal-time comparison is not offered."""
+    if time_budget is not None:
+        raise ValueError(f"{experiment} is fixed by frame counts and takes no time budget, got {time_budget}")
+
+
 def check_cores(experiment: str, models: tuple[str, ...], env_id: str, ppo: dict, options: dict[str, dict]) -> None:
     """Build every model's agent once, so that a core that cannot be an agent yet (HTM before it takes
     ``done`` inside a call) stops the run before any training, with a message naming the missing piece."""

@@ -1,0 +1,21 @@
+"""Every Python block in README.md runs on its own (its own imports, a fresh namespace)."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_the_readme_has_python_examples():
+    assert len(BLOCKS) >= 5
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_block_runs_alone(index, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a block that writes files writes them here
+    torch.manual_seed(0)
+    exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {"__name__": "__readme__"})
