@@ -91,6 +91,8 @@ class Args:
     vf_coef: float = setting(0.5, "weight of the value loss")
     max_grad_norm: float = setting(0.5, "gradient-norm clip")
     target_kl: float | None = setting(None, "end an update's epochs once the approximate KL exceeds this")
+    stop_return: float | None = setting(None, "end the run early once a logged mean return reaches this",
+                                        resumable=True)
     seed: int = setting(1, "seed of the weights, the actions and the environments (rank r's envs: seed + r)")
     torch_threads: int = setting(1, "torch threads (one is faster on 2 cores: the envs need the other)",
                                  resumable=True)
@@ -542,11 +544,16 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                 logger.log(row)
                 reporter.update(frames, row["sps"], row.get("return_mean"))
                 window_start, window_frames, window = time.perf_counter(), 0, []
+                # every rank reads the same averaged row, so the ranks stop together
+                reached = args.stop_return is not None and row.get("return_mean", -math.inf) >= args.stop_return
             else:
                 reporter.update(frames)
+                reached = False
             if run_dir is not None and args.checkpoint_every and update % args.checkpoint_every == 0:
                 save_checkpoint(run_dir, frames, agent, _trainer_state(frames, optimizer, seconds))
                 saved_update = update
+            if reached:
+                break
         seconds = seconds_before + time.perf_counter() - start
         if run_dir is not None and saved_update != update:
             save_checkpoint(run_dir, frames, agent, _trainer_state(frames, optimizer, seconds))
