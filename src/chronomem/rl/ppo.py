@@ -132,11 +132,8 @@ class Args:
 
     @property
     def frames_per_update(self) -> int:
+        """One rank's frames per update (K ranks under torchrun step K times as many)."""
         return self.num_envs * self.num_steps
-
-    @property
-    def num_updates(self) -> int:
-        return math.ceil(self.total_frames / self.frames_per_update)
 
 
 # =============================================================================================
