@@ -252,3 +252,10 @@ def test_a_core_without_state_or_done_is_refused_by_name():
 def test_obs_map_handles_arrays_and_dicts():
     assert obs_map(lambda x: x + 1, np.zeros(2)).tolist() == [1, 1]
     assert obs_map(lambda x: x * 2, {"a": np.ones(1)})["a"].tolist() == [2]
+
+
+def test_stop_return_ends_the_run_at_the_first_logged_row_that_reaches_it():
+    stopped = train(tiny_args(total_frames=48 * 4, stop_return=0.0))
+    assert stopped.frames == 48 and len(stopped.history) == 1  # every mean return is >= 0
+    full = train(tiny_args(total_frames=48 * 4, stop_return=1.5))  # out of reach: the whole run
+    assert full.frames == 48 * 4 and len(full.history) == 4

@@ -45,15 +45,16 @@ def _act(agent: ActorCritic, obs, state, greedy: bool):
 
 @torch.inference_mode()
 def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0, num_envs: int = 16,
-             greedy: bool = False) -> dict[str, Any]:
+             greedy: bool = False, **env_options) -> dict[str, Any]:
     """Mean return over ``episodes`` episodes of ``env_id`` (actions sampled, or the most likely with
-    ``greedy``). Environment i runs a fixed share of the episodes, so short episodes are not favoured
-    (counting the first ``episodes`` to end would be)."""
+    ``greedy``; ``env_options`` go to ``gym.make``, e.g. ``max_episode_steps``). Environment i runs a
+    fixed share of the episodes, so short episodes are not favoured (counting the first ``episodes``
+    to end would be)."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
     n = min(num_envs, episodes)
     quota = [episodes // n + (i < episodes % n) for i in range(n)]
-    envs = make_vector_env(env_id, n)
+    envs = make_vector_env(env_id, n, **env_options)
     try:
         obs, _ = envs.reset(seed=env_seeds(seed, 0, n))
         device = next(agent.parameters()).device

@@ -27,6 +27,13 @@ One update:
    (CleanRL's), minus the entropy bonus; advantages optionally normalised per minibatch
    (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run.
 
+Scale-out (CleanRL's ``ppo_atari_multigpu.py`` pattern): under ``torchrun --nproc_per_node=K`` each of
+the K ranks is a learner with its own ``num_envs`` environments (seeded with ``seed + rank``) and its
+own action samples; the agent starts from rank 0's weights, every minibatch's gradients are averaged
+over the ranks before clipping (gloo on CPU, nccl on GPU), so the ranks' weights stay identical; the
+logged statistics are averaged over the ranks, a frame counts once per rank (``total_frames`` is the
+total over all ranks), and only rank 0 writes the run directory.
+
 Deviations from CleanRL's LSTM PPO: its LSTM reset multiplies by ``1 - done``, the cores select
 (``torch.where``), so NaN never survives a reset; any core in place of its LSTM; truncation
 bootstrapped (CleanRL treats it as terminal, as do torch-ac and rl-starter-files).
@@ -43,6 +50,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -50,7 +58,7 @@ from chronomem.encoders import encoder_for
 from chronomem.envs.minigrid import env_seeds, make_vector_env
 from chronomem.heads import ActorCritic
 from chronomem.train.checkpoint import find_checkpoint, load_checkpoint, rewind, save_checkpoint, save_config
-from chronomem.train.distributed import default_device
+from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
 from chronomem.train.loop import setting
 from chronomem.train.metrics import MetricsLogger
 
@@ -65,7 +73,7 @@ class Args:
     hidden: int = setting(64, "hidden units of the policy and of the value MLP")
     total_frames: int = setting(1_000_000, "environment steps of the run (rounded up to whole rollouts); with "
                                 "--resume the new total", resumable=True)
-    num_envs: int = setting(16, "environments stepped together (B)")
+    num_envs: int = setting(16, "environments stepped together (B), per rank under torchrun")
     num_steps: int = setting(128, "steps per environment per rollout (T)")
     async_envs: bool = setting(False, "step the environments in subprocesses (AsyncVectorEnv)", resumable=True)
     lr: float = setting(1e-3, "Adam's learning rate")
@@ -86,7 +94,9 @@ class Args:
                                            "from the core's output (App. A.1); default: the encoder's (1 for "
                                            "Ballet, 0 otherwise)")
     target_kl: float | None = setting(None, "end an update's epochs once the approximate KL exceeds this")
-    seed: int = setting(1, "seed of the weights, the actions and the environments")
+    stop_return: float | None = setting(None, "end the run early once a logged mean return reaches this",
+                                        resumable=True)
+    seed: int = setting(1, "seed of the weights, the actions and the environments (rank r's envs: seed + r)")
     torch_threads: int = setting(1, "torch threads (one is faster on 2 cores: the envs need the other)",
                                  resumable=True)
     log_every: int = setting(1, "updates between logged rows", resumable=True)
@@ -127,11 +137,8 @@ class Args:
 
     @property
     def frames_per_update(self) -> int:
+        """One rank's frames per update (K ranks under torchrun step K times as many)."""
         return self.num_envs * self.num_steps
-
-    @property
-    def num_updates(self) -> int:
-        return math.ceil(self.total_frames / self.frames_per_update)
 
 
 # =============================================================================================
@@ -348,8 +355,12 @@ def replay(agent: ActorCritic, rollout: Rollout, rows: Tensor) -> tuple[Tensor, 
 
 
 def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout, advantages: Tensor,
-          returns: Tensor, args: Args) -> dict[str, float]:
-    """PPO's epochs over one rollout; the means of the losses and diagnostics over its minibatches."""
+          returns: Tensor, args: Args, ctx: Context | None = None) -> dict[str, float]:
+    """PPO's epochs over one rollout; the means of the losses and diagnostics over its minibatches.
+
+    Under torchrun (``ctx``) every rank has its own rollout; each minibatch's gradients are averaged
+    over the ranks before clipping, so every rank takes the same step."""
+    ctx = ctx or Context()
     B = rollout.actions.shape[0]
     per_minibatch = B // args.num_minibatches
     sums: dict[str, float] = {}
@@ -379,6 +390,7 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
                 terms["reconstruction_loss"] = agent.reconstruction_loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            average_gradients(agent, ctx)
             torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             with torch.no_grad():
@@ -389,13 +401,42 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
                                 ("approx_kl", approx_kl), ("clip_fraction", clip_fraction), *terms.items()):
                 sums[name] = sums.get(name, 0.0) + value.item()
             count += 1
-        if args.target_kl is not None and float(approx_kl) > args.target_kl:
+        # the ranks decide together, or one would wait forever for the others' gradients
+        if args.target_kl is not None and float(all_reduce_mean(approx_kl, ctx)) > args.target_kl:
             break
     stats = {name: total / count for name, total in sums.items()}
     variance = float(returns.var())
     unexplained = float((returns - rollout.values).var())
     stats["explained_variance"] = float("nan") if variance == 0 else 1 - unexplained / variance
     return stats
+
+
+def average_gradients(agent: torch.nn.Module, ctx: Context) -> None:
+    """Average the gradients over the ranks in one all-reduce (CleanRL's multi-GPU PPO). A parameter
+    without a gradient counts as a zero one, so every rank reduces the same buffer."""
+    if not ctx.distributed:
+        return
+    params = [p for p in agent.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    flat /= ctx.world_size
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+def broadcast_weights(agent: torch.nn.Module, ctx: Context) -> None:
+    """Every rank starts from rank 0's weights (and buffers)."""
+    if ctx.distributed:
+        with torch.no_grad():
+            for tensor in [*agent.parameters(), *agent.buffers()]:
+                dist.broadcast(tensor, src=0)
+
+
+def rank_seed(seed: int, rank: int, frames: int) -> int:
+    """The action-sampling seed of ``rank`` in a run with ``seed`` (re)starting at ``frames``."""
+    return int(np.random.SeedSequence([int(seed), int(rank), int(frames)]).generate_state(1)[0])
 
 
 # =============================================================================================
@@ -420,79 +461,109 @@ def train(args: Args, core_options: dict[str, Any] | None = None, resume: str | 
     its checkpoints) restores weights, optimizer, RNG, frame count and training seconds; the
     environments restart with new seeds and new episodes, and the agent's memory starts empty (an
     environment's state cannot be saved), so a resumed run is not the uninterrupted one step for step.
-    Sets torch's thread count to ``args.torch_threads`` while it runs."""
+    Sets torch's thread count to ``args.torch_threads`` while it runs.
+
+    Launched by torchrun (``WORLD_SIZE`` > 1 in the environment) it joins the process group (or uses
+    the one already initialised) and runs as one of the ranks (module docstring, "Scale-out"); every
+    rank returns the same weights and history. A process group it created is destroyed at the end."""
     threads = torch.get_num_threads()
     torch.set_num_threads(args.torch_threads)
+    device = default_device(args.device)
+    owns_group = not (dist.is_available() and dist.is_initialized())
+    ctx = setup(device)
+    finished = False
     try:
-        return _train(args, dict(core_options or {}), resume)
+        result = _train(args, dict(core_options or {}), resume, device, ctx)
+        finished = True
+        return result
     finally:
         torch.set_num_threads(threads)
+        if owns_group and finished:
+            cleanup(ctx)  # waits for the other ranks
+        elif owns_group and ctx.distributed:
+            dist.destroy_process_group()  # a failing rank must not wait for the others: let the error out
 
 
-def _train(args: Args, core_options: dict[str, Any], resume) -> PPOResult:
+def _train(args: Args, core_options: dict[str, Any], resume, device: torch.device, ctx: Context) -> PPOResult:
     from chronomem.rl.progress import FrameProgress
 
-    device = default_device(args.device)
+    if ctx.distributed:
+        # every rank has passed its checks on the run directory before rank 0 writes config.json there
+        dist.barrier()
     torch.manual_seed(args.seed)
     envs = make_vector_env(args.env, args.num_envs, asynchronous=args.async_envs)
+    # a frame counts once per rank: total_frames and the learning-rate schedule are over all ranks
+    frames_per_update = args.frames_per_update * ctx.world_size
+    num_updates = math.ceil(args.total_frames / frames_per_update)
     try:
         agent = make_agent(args, core_options, envs.single_observation_space, envs.single_action_space).to(device)
         optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
+        broadcast_weights(agent, ctx)
         frames, seconds_before = 0, 0.0
-        run_dir = Path(args.out) if args.out else None
+        run_dir = Path(args.out) if args.out and ctx.is_main else None
         if resume is not None:
             checkpoint = find_checkpoint(Path(resume))
             saved = load_checkpoint(checkpoint, agent, map_location=device)
             frames, seconds_before = int(saved["step"]), float(saved["seconds"])
             optimizer.load_state_dict(saved["optimizer"])
             torch.set_rng_state(saved["rng"]["torch"])
-            if frames > args.num_updates * args.frames_per_update:
+            if frames > num_updates * frames_per_update:
                 raise ValueError(f"--total-frames {args.total_frames} is below the checkpoint's {frames} frames "
                                  f"({checkpoint}); --total-frames is the run's new total")
+        if ctx.distributed:
+            # the ranks have read the checkpoint before rank 0 may set later ones aside; each rank
+            # samples its own actions
+            dist.barrier()
+            torch.manual_seed(rank_seed(args.seed, ctx.rank, frames))
         logger = MetricsLogger(run_dir)
         if run_dir is not None:
             if resume is not None:
                 rewind(run_dir, frames)
             logger.rewind(frames)
             save_config(run_dir, {"kind": "ppo", "args": dataclasses.asdict(args), "core_options": core_options})
-        reporter = FrameProgress(args.num_updates * args.frames_per_update, frames,
-                                 f"{args.core} on {args.env}, seed {args.seed}", args.progress)
-        next_obs, _ = envs.reset(seed=env_seeds(args.seed, frames, args.num_envs))
+        ranks = f", {ctx.world_size} ranks" if ctx.distributed else ""
+        reporter = FrameProgress(num_updates * frames_per_update, frames,
+                                 f"{args.core} on {args.env}, seed {args.seed}{ranks}", args.progress and ctx.is_main)
+        next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
         history: list[dict[str, Any]] = []
-        update = frames // args.frames_per_update
+        update = frames // frames_per_update
         saved_update = update if resume is not None else None
         start, window_start, window_frames, window = time.perf_counter(), time.perf_counter(), 0, []
-        while update < args.num_updates:
+        while update < num_updates:
             update += 1
-            lr = args.lr * (1.0 - (update - 1) / args.num_updates) if args.anneal_lr else args.lr
+            lr = args.lr * (1.0 - (update - 1) / num_updates) if args.anneal_lr else args.lr
             for group in optimizer.param_groups:
                 group["lr"] = lr
             agent.eval()  # acting and replay must compute the same function (no dropout)
             rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker)
             advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
-            stats = learn(agent, optimizer, rollout, advantages, returns, args)
-            frames += args.frames_per_update
-            window_frames += args.frames_per_update
+            stats = learn(agent, optimizer, rollout, advantages, returns, args, ctx)
+            frames += frames_per_update
+            window_frames += frames_per_update
             window += tracker.take()
             seconds = seconds_before + time.perf_counter() - start
-            if update % args.log_every == 0 or update == args.num_updates:
+            if update % args.log_every == 0 or update == num_updates:
                 elapsed = time.perf_counter() - window_start
-                row = {"step": frames, "split": "train", "update": update,
-                       **({"return_mean": round(float(np.mean([r for r, _ in window])), 4),
-                           "length_mean": round(float(np.mean([n for _, n in window])), 2)} if window else {}),
-                       "episodes": len(window), **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
+                stats, episodes = reduce_stats(stats, window, ctx, device)
+                row = {"step": frames, "split": "train", "update": update, **episodes,
+                       **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
                        "sps": round(window_frames / max(elapsed, 1e-9)), "seconds": round(seconds, 2)}
                 history.append(row)
                 logger.log(row)
                 reporter.update(frames, row["sps"], row.get("return_mean"))
                 window_start, window_frames, window = time.perf_counter(), 0, []
+                # every rank reads the same averaged row, so the ranks stop together
+                reached = args.stop_return is not None and row.get("return_mean", -math.inf) >= args.stop_return
             else:
                 reporter.update(frames)
+                reached = False
             if run_dir is not None and args.checkpoint_every and update % args.checkpoint_every == 0:
                 save_checkpoint(run_dir, frames, agent, _trainer_state(frames, optimizer, seconds))
                 saved_update = update
+            if reached:
+                break
         seconds = seconds_before + time.perf_counter() - start
         if run_dir is not None and saved_update != update:
             save_checkpoint(run_dir, frames, agent, _trainer_state(frames, optimizer, seconds))
@@ -501,6 +572,21 @@ def _train(args: Args, core_options: dict[str, Any], resume) -> PPOResult:
         return PPOResult(agent, frames, seconds, history)
     finally:
         envs.close()
+
+
+def reduce_stats(stats: dict[str, float], episodes: list[tuple[float, int]], ctx: Context, device):
+    """``(stats, episode columns)`` of one logged row: the statistics averaged over the ranks, the mean
+    return and length over the episodes that ended on all ranks (one all-reduce; identity alone)."""
+    sums = [sum(r for r, _ in episodes), sum(n for _, n in episodes), len(episodes)]
+    reduced = all_reduce_mean(torch.tensor([*stats.values(), *sums], dtype=torch.float64, device=device), ctx)
+    reduced = reduced.cpu().tolist()
+    stats = dict(zip(stats, reduced[: len(stats)], strict=True))
+    total_return, total_length, count = (value * ctx.world_size for value in reduced[len(stats):])
+    count = round(count)
+    if not count:
+        return stats, {"episodes": 0}
+    return stats, {"return_mean": round(total_return / count, 4), "length_mean": round(total_length / count, 2),
+                   "episodes": count}
 
 
 def _trainer_state(frames: int, optimizer, seconds: float) -> dict[str, Any]:

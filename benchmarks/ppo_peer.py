@@ -1,0 +1,195 @@
+"""Recurrent PPO side by side: torch-ac (the library of rl-starter-files, which paper 004's MiniGrid
+agents built on) against chronomem's PPO with the LSTM core, on MiniGrid-DoorKey-5x5-v0.
+
+Same settings on both sides (rl-starter-files' PPO for MiniGrid): 16 environments, 128 frames per
+environment per update, 4 epochs, minibatches of 256 frames, Adam lr 1e-3 without annealing, gamma
+0.99, lambda 0.95, clip 0.2, entropy 0.01, value 0.5, gradient clip 0.5, one torch thread.
+
+* torch-ac (``pip install 'chronomem[peers]'``): ``PPOAlgo`` with an actor-critic of rl-starter-files'
+  layer sizes written here (``StarterModel``: the 7x7x3 image through 2x2 convolutions of 16, 32, 64
+  channels with one max-pool, an LSTM cell of 64, policy and value MLPs of 64 tanh units, its row-
+  normalised initialisation), recurrence 4 (its gradients stop every 4 steps), its 15 environment
+  subprocesses (``ParallelEnv``).
+* chronomem: ``chronomem.rl.ppo.train`` with ``--core lstm`` of width 64 (its encoder also reads the
+  direction and the mission), ``num_minibatches = 8`` (8 minibatches of 2 whole 128-step env
+  sequences: 256 frames), gradients through the whole 128 steps, one process (``SyncVectorEnv``).
+
+Measured per seed: frames per second of the training loop (rollouts and updates, not the imports and
+setup) and the frames after which the mean return of the update's episodes first reaches 0.9 (torch-ac
+logs its last episodes, at least one per environment; ours the episodes ended during the update). A
+run stops there, or at ``--max-frames``. Each (implementation, seed) runs in a fresh process, the two
+implementations alternating, so a change of the machine's load hits both alike.
+
+    python benchmarks/ppo_peer.py                       # seeds 1 2 3
+    python benchmarks/ppo_peer.py --seeds 1 --max-frames 200000 --json runs/ppo_peer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+ENV = "MiniGrid-DoorKey-5x5-v0"
+NUM_ENVS, FRAMES_PER_ENV, EPOCHS, BATCH, LR, RECURRENCE = 16, 128, 4, 256, 1e-3, 4
+TARGET = 0.9
+
+
+# ----------------------------------------------------------------------------------------------
+# torch-ac with rl-starter-files' model sizes
+# ----------------------------------------------------------------------------------------------
+
+
+def run_torch_ac(seed: int, max_frames: int) -> dict:
+    import gymnasium as gym
+    import minigrid  # noqa: F401  (registers the MiniGrid ids)
+    import numpy as np
+    import torch
+    import torch_ac
+    from torch import nn
+
+    class StarterModel(nn.Module, torch_ac.RecurrentACModel):
+        """rl-starter-files' ``ACModel`` sizes with memory and without text."""
+
+        def __init__(self, num_actions: int, width: int = 64):
+            super().__init__()
+            self.width = width
+            self.conv = nn.Sequential(nn.Conv2d(3, 16, 2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 2), nn.ReLU(),
+                                      nn.Conv2d(32, width, 2), nn.ReLU())  # 7x7 -> 1x1
+            self.lstm = nn.LSTMCell(width, width)
+            self.actor = nn.Sequential(nn.Linear(width, 64), nn.Tanh(), nn.Linear(64, num_actions))
+            self.critic = nn.Sequential(nn.Linear(width, 64), nn.Tanh(), nn.Linear(64, 1))
+            for module in self.modules():  # rl-starter-files: unit-norm rows of N(0, 1), zero biases
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight)
+                    module.weight.data /= module.weight.data.norm(dim=1, keepdim=True)
+                    nn.init.zeros_(module.bias)
+
+        @property
+        def memory_size(self) -> int:
+            return 2 * self.width
+
+        def forward(self, obs, memory):
+            x = self.conv(obs.image.permute(0, 3, 1, 2)).flatten(1)
+            h, c = self.lstm(x, (memory[:, : self.width], memory[:, self.width :]))
+            dist = torch.distributions.Categorical(logits=self.actor(h))
+            return dist, self.critic(h).squeeze(1), torch.cat([h, c], 1)
+
+    def preprocess(obss, device=None):
+        images = torch.tensor(np.array([o["image"] for o in obss]), device=device, dtype=torch.float)
+        return torch_ac.DictList({"image": images})
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    envs = []
+    for i in range(NUM_ENVS):  # rl-starter-files seeds env i with seed + 10000 i
+        env = gym.make(ENV)
+        env.reset(seed=seed + 10000 * i)
+        envs.append(env)
+    model = StarterModel(envs[0].action_space.n)
+    algo = torch_ac.PPOAlgo(envs, model, torch.device("cpu"), FRAMES_PER_ENV, 0.99, LR, 0.95, 0.01, 0.5, 0.5,
+                            RECURRENCE, 1e-8, 0.2, EPOCHS, BATCH, preprocess)
+    frames, reached, start = 0, None, time.perf_counter()
+    while frames < max_frames:
+        exps, logs = algo.collect_experiences()  # torch-ac 1.4: collect, then update on the experiences
+        algo.update_parameters(exps)
+        frames += logs["num_frames"]
+        if reached is None and np.mean(logs["return_per_episode"]) >= TARGET:
+            reached = frames
+            break
+    seconds = time.perf_counter() - start
+    return {"frames": frames, "seconds": seconds, "reached": reached}
+
+
+# ----------------------------------------------------------------------------------------------
+# chronomem
+# ----------------------------------------------------------------------------------------------
+
+
+def run_chronomem(seed: int, max_frames: int) -> dict:
+    from chronomem.rl.ppo import Args, train
+
+    args = Args(env=ENV, core="lstm", dim=64, hidden=64, num_envs=NUM_ENVS, num_steps=FRAMES_PER_ENV,
+                update_epochs=EPOCHS, num_minibatches=NUM_ENVS * FRAMES_PER_ENV // BATCH, lr=LR, anneal_lr=False,
+                total_frames=max_frames, stop_return=TARGET, seed=seed, torch_threads=1, progress=False)
+    result = train(args)
+    reached = next((row["step"] for row in result.history if row.get("return_mean", -1) >= TARGET), None)
+    return {"frames": result.frames, "seconds": result.seconds, "reached": reached}
+
+
+RUNNERS = {"torch-ac": run_torch_ac, "chronomem": run_chronomem}
+
+
+# ----------------------------------------------------------------------------------------------
+# Side by side
+# ----------------------------------------------------------------------------------------------
+
+
+def measure(name: str, seed: int, max_frames: int) -> dict:
+    """One run in a fresh process (torch-ac forks its environment workers at import)."""
+    cmd = [sys.executable, __file__, "--one", name, "--seeds", str(seed), "--max-frames", str(max_frames)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}, seed {seed} failed:\n{done.stderr[-3000:]}")
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"name": name, "seed": seed, **record, "fps": record["frames"] / record["seconds"]}
+
+
+def table(records: list[dict], max_frames: int) -> str:
+    lines = [f"{'seed':>4}  {'implementation':<10}  {'frames/s':>9}  {'frames to ' + str(TARGET):>16}  {'seconds':>8}"]
+    for r in records:
+        reached = f"{r['reached']:,}" if r["reached"] else f"> {max_frames:,}"
+        lines.append(f"{r['seed']:>4}  {r['name']:<10}  {r['fps']:>9,.0f}  {reached:>16}  {r['seconds']:>8.1f}")
+    summary = {}
+    for name in RUNNERS:
+        mine = [r for r in records if r["name"] == name]
+        summary[name] = {"fps": statistics.median(r["fps"] for r in mine),
+                         "reached": statistics.median(r["reached"] or float("inf") for r in mine),
+                         "solved": sum(r["reached"] is not None for r in mine), "runs": len(mine)}
+    lines.append("")
+    lines.append(f"{'median':<16}  {'frames/s':>9}  {'frames to ' + str(TARGET):>16}  {'solved':>7}")
+    for name, s in summary.items():
+        reached = f"{s['reached']:,.0f}" if s["reached"] != float("inf") else "not reached"
+        lines.append(f"{name:<16}  {s['fps']:>9,.0f}  {reached:>16}  {s['solved']:>3}/{s['runs']}")
+    ours, peer = summary["chronomem"], summary["torch-ac"]
+    fps_ratio = ours["fps"] / peer["fps"]
+    frames_ratio = ours["reached"] / peer["reached"] if peer["reached"] != float("inf") else float("nan")
+    lines.append("")
+    lines.append(f"ratio chronomem / torch-ac: frames/s {fps_ratio:.2f}x (target >= 1.5), "
+                 f"frames to {TARGET} {frames_ratio:.2f}x (target <= 1.0)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--max-frames", type=int, default=400_000, help="a run that has not reached 0.9 stops here")
+    parser.add_argument("--json", help="write the records here")
+    parser.add_argument("--one", choices=sorted(RUNNERS), help=argparse.SUPPRESS)  # a child process's run
+    args = parser.parse_args(argv)
+    if args.max_frames < NUM_ENVS * FRAMES_PER_ENV:
+        parser.error(f"--max-frames must be at least one update ({NUM_ENVS * FRAMES_PER_ENV} frames)")
+    if args.one:
+        import torch
+
+        torch.set_num_threads(1)
+        print(json.dumps(RUNNERS[args.one](args.seeds[0], args.max_frames)))
+        return
+    records = []
+    for seed in args.seeds:
+        for name in RUNNERS:
+            records.append(measure(name, seed, args.max_frames))
+            r = records[-1]
+            print(f"  {name}, seed {seed}: {r['fps']:,.0f} frames/s, reached {TARGET} at {r['reached']}",
+                  file=sys.stderr, flush=True)
+    print(table(records, args.max_frames))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""minigrid-transfer (paper 004 Sec. 3.2, Table 3): agents trained on a small MiniGrid, tested on a large one.
+
+Each core (LSTM, MemLSTM, ReLSTM with nu = rho = 5) is the memory of a PPO agent
+(``chronomem.rl.ppo``, rl-starter-files' settings: docs/rl.md) trained for a fixed number of frames on
+the small environment of a pair (``chronomem.envs.minigrid.PAIRS``); the trained agent's mean return
+over ``episodes`` episodes is measured on the small and on the large environment
+(``chronomem.rl.evaluate``; actions sampled, evaluation seeds apart from the training ones). A cell is
+the mean over the seeds; ``extra`` holds every seed's numbers, the success rates and the runs' speed.
+HTM, TLB and GTrXL are extra rows (beyond the paper), run only when named with ``--models``; a core
+the agent cannot use (one that does not take episode ends inside a call yet) gets ``"n/a"`` cells
+and its reason in ``extra``.
+
+The paper trains for 5M steps per environment and does not say how many evaluation episodes it
+averages, nor how many seeds. The runs of a scale are spread over ``workers`` processes (one torch
+thread each); each run is seeded on its own, so the numbers do not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chronomem.envs.minigrid import PAIRS
+from chronomem.experiments.base import Experiment, select_models
+from chronomem.registry import register_experiment
+
+# The paper's row names (Table 3) of each pair's train and test environment.
+COLUMNS: dict[str, tuple[str, str]] = {
+    "redbluedoors": ("RedBlueDoors-6x6", "RedBlueDoors-8x8"),
+    "gotoobject": ("GoToObject-6x6", "GoToObject-8x8"),
+    "memory": ("MemoryS7", "MemoryS13"),
+    "gotodoor": ("GoToDoor-5x5", "GoToDoor-8x8"),
+    "fetch": ("Fetch-5x5", "Fetch-8x8"),
+    "doorkey": ("DoorKey-5x5", "DoorKey-16x16"),
+}
+
+# Paper 004, Table 3: average reward, train rows then test rows.
+_TABLE_3 = {
+    "RedBlueDoors-6x6": (0.97, 0.97, 0.97), "GoToObject-6x6": (0.81, 0.85, 0.84), "MemoryS7": (0.96, 0.4, 0.94),
+    "GoToDoor-5x5": (0.28, 0.17, 0.25), "Fetch-5x5": (0.48, 0.42, 0.5), "DoorKey-5x5": (0.94, 0.94, 0.93),
+    "RedBlueDoors-8x8": (0.95, 0.95, 0.95), "GoToObject-8x8": (0.66, 0.66, 0.74), "MemoryS13": (0.25, 0.24, 0.30),
+    "GoToDoor-8x8": (0.13, 0.11, 0.15), "Fetch-8x8": (0.38, 0.44, 0.45), "DoorKey-16x16": (0.09, 0.31, 0.44),
+}
+PAPER_MODELS = ("lstm", "mem-lstm", "relevance-lstm")  # the paper's LSTM, MemLSTM, ReLSTM
+PAPER: dict[str, dict[str, float]] = {
+    model: {column: row[i] for column, row in _TABLE_3.items()} for i, model in enumerate(PAPER_MODELS)
+}
+
+# Core options: ReLSTM's short-term buffer nu = 5 and relevant set rho = 5 (paper 004 Sec. 3.2).
+MODELS: dict[str, dict[str, Any]] = {
+    "lstm": {},
+    "mem-lstm": {},
+    "relevance-lstm": {"buffer_size": 5, "relevant_size": 5},
+    "htm": {},  # extra rows, beyond the paper
+    "tlb": {},
+    "gtrxl": {},
+}
+
+
+@dataclass(frozen=True)
+class TransferScale:
+    pairs: tuple[str, ...]  # keys of PAIRS
+    models: tuple[str, ...]  # run when --models is not given
+    frames: int  # training frames per run (a multiple of num_envs * num_steps)
+    episodes: int  # evaluation episodes per environment
+    seeds: int  # runs per pair and model: seeds seed, seed + 1, ...
+    workers: int  # runs at once, one process each
+    num_envs: int = 16  # rl-starter-files' PPO settings (docs/rl.md, "Defaults")
+    num_steps: int = 128
+    num_minibatches: int = 8
+    dim: int = 64
+    eval_max_steps: int | None = None  # cap on episode length (smoke only; None: each env's own limit)
+
+
+SCALES: dict[str, TransferScale] = {
+    # Seconds: 64 frames per run and evaluation episodes cut at 16 steps.
+    "smoke": TransferScale(pairs=("doorkey",), models=PAPER_MODELS, frames=64, episodes=4, seeds=2, workers=1,
+                           num_envs=4, num_steps=8, num_minibatches=2, dim=16, eval_max_steps=16),
+    # About two hours on 2 cores (docs/rl.md, "minigrid-transfer"): 120 updates of 16 x 128 frames.
+    "quick": TransferScale(pairs=("doorkey", "memory"), models=PAPER_MODELS, frames=120 * 2048, episodes=100,
+                           seeds=3, workers=2),
+    # Paper 004: 5M steps per environment (rounded up to whole rollouts by the trainer).
+    "paper": TransferScale(pairs=tuple(PAIRS), models=PAPER_MODELS, frames=5_000_000, episodes=1000, seeds=3,
+                           workers=2),
+}
+
+EVAL_SEED = 1_000_000  # evaluation episodes are seeded apart from every training seed
+
+
+@dataclass(frozen=True)
+class Job:
+    pair: str
+    model: str
+    seed: int
+    scale: TransferScale
+    out: str
+    progress: bool
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Train one agent on the pair's small env and evaluate it on both envs; its row of numbers."""
+    import torch
+
+    from chronomem.rl.evaluate import evaluate
+    from chronomem.rl.ppo import Args, train
+
+    s, pair = job.scale, PAIRS[job.pair]
+    args = Args(env=pair.train, core=job.model, total_frames=s.frames, num_envs=s.num_envs, num_steps=s.num_steps,
+                num_minibatches=s.num_minibatches, dim=s.dim, hidden=s.dim, seed=job.seed, progress=job.progress,
+                out=job.out)
+    result = train(args, MODELS[job.model])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        options = {} if s.eval_max_steps is None else {"max_episode_steps": s.eval_max_steps}
+        evaluations = {}
+        for column, env_id in zip(COLUMNS[job.pair], (pair.train, pair.test), strict=True):
+            torch.manual_seed(EVAL_SEED + job.seed)  # the sampled actions, as the env seeds, fixed per run
+            evaluations[column] = evaluate(result.agent.eval(), env_id, s.episodes, EVAL_SEED + job.seed,
+                                           min(16, s.episodes), **options)
+    finally:
+        torch.set_num_threads(threads)
+    last = result.history[-1] if result.history else {}
+    return {"pair": job.pair, "model": job.model, "seed": job.seed, "frames": result.frames,
+            "train_seconds": round(result.seconds, 1), "sps": round(result.frames / max(result.seconds, 1e-9)),
+            "last_train_return": last.get("return_mean"), "eval": evaluations}
+
+
+def refusal(model: str, scale: TransferScale) -> str | None:
+    """Why the agent cannot use ``model`` as its memory, or None if it can."""
+    from chronomem.envs.minigrid import make_env
+    from chronomem.rl.ppo import Args, make_agent
+
+    env = make_env(PAIRS[scale.pairs[0]].train)
+    try:
+        make_agent(Args(core=model, dim=scale.dim, hidden=scale.dim), MODELS[model], env.observation_space,
+                   env.action_space)
+    except ValueError as err:
+        return str(err)
+    finally:
+        env.close()
+    return None
+
+
+def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+    from chronomem.train.progress import wanted
+
+    s = SCALES[scale]
+    chosen = s.models if models is None else select_models(MODELS, models, "minigrid-transfer")
+    refused = {m: reason for m in chosen if (reason := refusal(m, s)) is not None}
+    progress = wanted(True)[0]
+    jobs = [Job(pair, model, seed + i, s, str(Path(out) / "runs" / pair / model / f"seed_{seed + i}"), progress)
+            for pair in s.pairs for model in chosen if model not in refused for i in range(s.seeds)]
+    if s.workers > 1 and len(jobs) > 1:
+        import multiprocessing
+
+        with ProcessPoolExecutor(s.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rows = list(pool.map(run_job, jobs))
+    else:
+        rows = [run_job(job) for job in jobs]
+    return summarise(rows, chosen, refused, s)
+
+
+def summarise(rows: list[dict], models: tuple[str, ...], refused: dict[str, str], s: TransferScale) -> dict:
+    """The table (mean return over the seeds per model and env), the per-seed numbers and the config."""
+    import numpy as np
+
+    results: dict[str, dict[str, Any]] = {}
+    extra: dict[str, Any] = {"runs": rows, "per_seed": {}, "refused": refused}
+    for model in models:
+        results[model], extra["per_seed"][model] = {}, {}
+        for pair in s.pairs:
+            for column in COLUMNS[pair]:
+                if model in refused:
+                    results[model][column] = "n/a"
+                    continue
+                evals = [r["eval"][column] for r in rows if r["model"] == model and r["pair"] == pair]
+                returns = [e["return_mean"] for e in evals]
+                results[model][column] = round(float(np.mean(returns)), 3)
+                extra["per_seed"][model][column] = {
+                    "return_mean": returns, "return_std_over_seeds": round(float(np.std(returns)), 3),
+                    "success_rate": [e["success_rate"] for e in evals],
+                    "length_mean": [e["length_mean"] for e in evals]}
+    paper = {m: {c: v for c, v in PAPER[m].items() if any(c in COLUMNS[p] for p in s.pairs)}
+             for m in models if m in PAPER}
+    config = {"scale": dataclasses.asdict(s), "models": {m: MODELS[m] for m in models},
+              "pairs": {p: dataclasses.asdict(PAIRS[p]) for p in s.pairs}, "eval_seed": EVAL_SEED}
+    return {"results": results, "paper": paper, "config": config, "extra": extra}
+
+
+MINIGRID_TRANSFER = register_experiment(
+    Experiment(
+        name="minigrid-transfer",
+        description="PPO agents with LSTM, MemLSTM and ReLSTM (nu = rho = 5) memories trained on small "
+                    "MiniGrid environments and evaluated on the small and on the large one.",
+        run=_run,
+        paper=PAPER,
+        metric="mean episode return (MiniGrid: 1 - 0.9 steps / max_steps on success, else 0)",
+        paper_source="paper 004 Table 3 (5M training steps per environment)",
+        notes="HTM, TLB and GTrXL rows (--models) are beyond the paper.",
+    )
+)
