@@ -54,17 +54,14 @@ def test_same_seed_same_numbers(smoke_runs):
 
 
 def test_extra_rows_and_refused_cores(tmp_path):
-    """HTM (no episode ends inside a call yet) is refused by name with "n/a" cells; unknown names fail."""
+    """The extra cores (HTM here) run as agents; unknown names fail, listing the valid ones."""
     from chronomem.experiments.base import run_experiment
     from chronomem.registry import get_experiment
 
     experiment = get_experiment("minigrid-transfer")
     results = run_experiment(experiment, "smoke", tmp_path / "htm", models=("htm",), progress=False)
-    if "htm" in results["extra"]["refused"]:
-        assert results["results"]["htm"] == {column: "n/a" for column in COLUMNS}
-        assert "does not take episode ends" in results["extra"]["refused"]["htm"]
-    else:
-        assert set(results["results"]["htm"]) == COLUMNS
+    assert results["extra"]["refused"] == {}  # every extra core now takes episode ends inside a call
+    assert set(results["results"]["htm"]) == COLUMNS
     assert results["paper"] == {}
     with pytest.raises(ValueError, match="valid models: lstm, mem-lstm, relevance-lstm, htm, tlb, gtrxl"):
         run_experiment(experiment, "smoke", tmp_path / "bad", models=("nope",), progress=False)

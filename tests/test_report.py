@@ -62,3 +62,10 @@ def test_bad_inputs_are_clear_errors(tmp_path):
     (tmp_path / "results.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         results_page([tmp_path])
+
+
+def test_values_below_one_keep_two_decimals(tmp_path):
+    write_run(tmp_path / "a", results={"lstm": {"return": 0.944, "steps": 1200}}, paper={"lstm": {"return": 0.91}})
+    page = results_page([tmp_path])
+    assert "| lstm | return | 0.94 | 0.91 |" in page
+    assert "| lstm | steps | 1200.0 | — |" in page

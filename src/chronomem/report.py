@@ -13,10 +13,11 @@ seeds of the same experiment and scale, each seed gets a column and the mean is 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from chronomem.experiments.base import format_value
 
 REQUIRED_KEYS = ("experiment", "scale", "results", "paper")
 
@@ -53,13 +54,9 @@ def load_results(path: Path) -> dict[str, Any]:
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, (int, float)):
-        return "—" if isinstance(value, float) and math.isnan(value) else f"{value:.1f}"
-    return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    return format_value(value)
 
 
 def _mean(values: list[Any]) -> Any:

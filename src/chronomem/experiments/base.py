@@ -166,10 +166,14 @@ def finish(experiment: Experiment, scale: str, out: Path, produced: dict, second
 
 
 def format_value(value: Any) -> str:
+    """A table cell: accuracies in % with one decimal; values below 1 in magnitude (returns, MMER in
+    [-1, 1]) with two, so 0.94 does not read as 0.9."""
     if value is None:
         return "—"
     if isinstance(value, float):
-        return "—" if math.isnan(value) else f"{value:.1f}"
+        if math.isnan(value):
+            return "—"
+        return f"{value:.2f}" if abs(value) < 1 else f"{value:.1f}"
     return str(value)
 
 

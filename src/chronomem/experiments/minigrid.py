@@ -25,6 +25,7 @@ from typing import Any
 
 from chronomem.envs.minigrid import PAIRS
 from chronomem.experiments.base import Experiment, select_models
+from chronomem.experiments.rl_runs import check_no_time_budget
 from chronomem.registry import register_experiment
 
 # The paper's row names (Table 3) of each pair's train and test environment.
@@ -145,7 +146,9 @@ def refusal(model: str, scale: TransferScale) -> str | None:
     return None
 
 
-def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None) -> dict:
+def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+         time_budget: float | None = None) -> dict:
+    check_no_time_budget("minigrid-transfer", time_budget)
     from chronomem.train.progress import wanted
 
     s = SCALES[scale]
