@@ -8,17 +8,8 @@ import torch
 gym = pytest.importorskip("gymnasium")
 pytest.importorskip("minigrid")
 
-from chronomem.envs.minigrid import (  # noqa: E402
-    MAX_WORDS,
-    PAIRS,
-    UNKNOWN,
-    VOCABULARY,
-    check_env_id,
-    env_seeds,
-    make_env,
-    make_vector_env,
-    tokenize,
-)
+from chronomem.envs.make import check_env_id, env_seeds, make_env, make_vector_env  # noqa: E402
+from chronomem.envs.minigrid import MAX_WORDS, PAIRS, UNKNOWN, VOCABULARY, tokenize  # noqa: E402
 from chronomem.envs.recall import CueRecall  # noqa: E402
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from chronomem.envs.minigrid import make_vector_env
+from chronomem.envs.make import make_vector_env
 from chronomem.registry import MODELS, _load
 from chronomem.rl.ppo import Args, Rollout, collect, gae, make_agent, obs_map, replay, train
 

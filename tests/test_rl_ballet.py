@@ -12,7 +12,7 @@ pytest.importorskip("gymnasium")
 
 from chronomem.encoders import BalletDecoder, BalletEncoder, FeatureEncoder, encoder_for  # noqa: E402
 from chronomem.envs.ballet import LEVELS, MAX_STEPS, BalletEnv, BalletMixture, ballet_id, sample_layout  # noqa: E402
-from chronomem.envs.minigrid import make_env, make_vector_env  # noqa: E402
+from chronomem.envs.make import make_env, make_vector_env  # noqa: E402
 from chronomem.heads import ActorCritic  # noqa: E402
 from chronomem.registry import get_model  # noqa: E402
 from chronomem.rl.ppo import Args, make_agent, train  # noqa: E402

@@ -49,7 +49,7 @@ def two_ranks(tmp_path_factory):
 
 
 def test_two_gloo_ranks_end_with_identical_weights(two_ranks):
-    from chronomem.envs.minigrid import make_vector_env
+    from chronomem.envs.make import make_vector_env
     from chronomem.rl.ppo import Args, make_agent
 
     _, (first, second), _ = two_ranks

@@ -11,7 +11,7 @@ pytest.importorskip("gymnasium")
 pytest.importorskip("popgym")
 
 from chronomem.encoders import SpacesEncoder, encoder_for  # noqa: E402
-from chronomem.envs.minigrid import make_env, make_vector_env  # noqa: E402
+from chronomem.envs.make import make_env, make_vector_env  # noqa: E402
 from chronomem.envs.popgym import DIFFICULTIES, ENVS, NEEDS_MAZELIB, TORQUES, all_ids, popgym_id  # noqa: E402
 from test_rl_ballet import CORES, TINY, tiny_args, train_or_skip  # noqa: E402
 

@@ -302,7 +302,7 @@ def _rl_resume_settings(values: dict, core_options: dict, saved: dict, run_dir: 
 
 
 def cmd_rl_train(args) -> int:
-    from chronomem.envs.minigrid import check_env_id
+    from chronomem.envs.make import check_env_id
     from chronomem.rl.ppo import Args, train
     from chronomem.train.checkpoint import CheckpointError, load_config, locate_run
 

@@ -42,7 +42,7 @@ Observations (``BalletEnv``, a Gymnasium environment) are dicts:
 Registered ids (``ballet_id(level, observation)``): ``chronomem/Ballet-<level>-v0`` (pixels) and
 ``chronomem/Ballet-<level>-symbolic-v0`` for every level, and ``chronomem/Ballet-mixture[-symbolic]-v0``,
 ``BalletMixture``: paper 001's training distribution, a level drawn uniformly per episode (App. B.1).
-Agents are built on them through ``chronomem.envs.minigrid.make_vector_env`` like any other id, so
+Agents are built on them through ``chronomem.envs.make.make_vector_env`` like any other id, so
 the RL agent and the supervised dataset (``chronomem.tasks.ballet``) use this module's rules.
 
 Gymnasium is the optional extra ``chronomem[rl]``: without it this module still imports (the

@@ -2,7 +2,7 @@
 Partially Observable Reinforcement Learning", ICLR; PyPI ``popgym``, numpy and gymnasium only).
 
 ``import popgym`` registers its environments as ``popgym-<Name><Difficulty>-v0`` (``popgym_id``),
-15 POMDPs (``ENVS``) at three difficulties (``DIFFICULTIES``); ``chronomem.envs.minigrid.make_env``
+15 POMDPs (``ENVS``) at three difficulties (``DIFFICULTIES``); ``chronomem.envs.make.make_env``
 builds any of them by that id and wraps it with ``wrap`` (below), so PPO, evaluation and the
 experiments take a POPGym id as they take a MiniGrid one. Only the environments are used: POPGym's
 RLlib baselines are unmaintained.

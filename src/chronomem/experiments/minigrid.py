@@ -132,7 +132,7 @@ def run_job(job: Job) -> dict[str, Any]:
 
 def refusal(model: str, scale: TransferScale) -> str | None:
     """Why the agent cannot use ``model`` as its memory, or None if it can."""
-    from chronomem.envs.minigrid import make_env
+    from chronomem.envs.make import make_env
     from chronomem.rl.ppo import Args, make_agent
 
     env = make_env(PAIRS[scale.pairs[0]].train)

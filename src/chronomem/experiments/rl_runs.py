@@ -25,7 +25,7 @@ def check_no_time_budget(experiment: str, time_budget: float | None) -> None:
 def check_cores(experiment: str, models: tuple[str, ...], env_id: str, ppo: dict, options: dict[str, dict]) -> None:
     """Build every model's agent once, so that a core that cannot be an agent yet (HTM before it takes
     ``done`` inside a call) stops the run before any training, with a message naming the missing piece."""
-    from chronomem.envs.minigrid import make_env
+    from chronomem.envs.make import make_env
     from chronomem.rl.ppo import Args, make_agent
 
     env = make_env(env_id)

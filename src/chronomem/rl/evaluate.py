@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from chronomem.envs.minigrid import env_seeds, make_env, make_vector_env
+from chronomem.envs.make import env_seeds, make_env, make_vector_env
 from chronomem.heads import ActorCritic
 from chronomem.rl.ppo import Args, as_tensor, make_agent, obs_map
 from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run

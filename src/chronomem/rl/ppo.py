@@ -12,7 +12,7 @@ One update:
    reads the observations ``[B, 1, ...]`` under ``torch.inference_mode`` with the state carried from
    the previous step, samples actions, and the envs step. Rows whose episode ended get
    ``state.reset(done)``. The state at the rollout's start is kept for the replay.
-2. **Autoreset and truncation.** The envs autoreset on the same step (``chronomem.envs.minigrid``):
+2. **Autoreset and truncation.** The envs autoreset on the same step (``chronomem.envs.make``):
    the step that ends an episode returns the next episode's first observation and the final one in
    ``info["final_obs"]``. A time-limit truncation is not a terminal state: its return is bootstrapped
    with the value of the final observation, computed at once with the ended episode's state (before
@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from chronomem.encoders import encoder_for
-from chronomem.envs.minigrid import env_seeds, make_vector_env
+from chronomem.envs.make import env_seeds, make_vector_env
 from chronomem.heads import ActorCritic
 from chronomem.train.checkpoint import find_checkpoint, load_checkpoint, rewind, save_checkpoint, save_config
 from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
@@ -268,7 +268,7 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
     mode = envs.metadata.get("autoreset_mode")
     if mode != _same_step():
         raise ValueError("the vector env must autoreset on the same step (autoreset_mode=SAME_STEP, as "
-                         f"chronomem.envs.minigrid.make_vector_env builds it), got {mode}")
+                         f"chronomem.envs.make.make_vector_env builds it), got {mode}")
     device = next(agent.parameters()).device
     B, T = envs.num_envs, num_steps
     buffers = {name: torch.zeros(B, T, device=device) for name in ("logprobs", "values", "rewards", "final_values")}

@@ -1,0 +1,102 @@
+"""Environments by id, one at a time or as a vector env: the factory every agent and experiment uses.
+
+* ``make_env(env_id)`` builds any Gymnasium environment by id. ``import minigrid`` registers the
+  MiniGrid and BabyAI ids (Gymnasium 1.x raises ``NameNotFound`` without it) and importing
+  ``chronomem.envs.recall`` registers the cue-recall test env, ``chronomem.envs.ballet`` the Ballet
+  levels and the paper's level mixture, ``import popgym`` POPGym's environments (wrapped by
+  ``chronomem.envs.popgym.wrap``); an unknown id is a ValueError listing close matches. MiniGrid
+  and BabyAI environments get ``chronomem.envs.minigrid.MissionTokens``.
+* ``make_vector_env`` builds ``num_envs`` copies, ``SyncVectorEnv`` (one process: tests, and as fast
+  as subprocesses on 2 cores) or ``AsyncVectorEnv`` (one subprocess each, ``shared_memory=False``),
+  with ``autoreset_mode=SAME_STEP``: the step that ends an episode returns the *next* episode's first
+  observation and the final one in ``info["final_obs"]``. (Gymnasium 1.x's default, NEXT_STEP,
+  spends one extra step per episode whose action is ignored; docs/rl.md, "Autoreset".)
+* Seeding: ``envs.reset(seed=[s_0, ..., s_{B-1}])`` seeds every env once; later episodes continue
+  each env's own generator. ``env_seeds(seed, frames, B)`` gives distinct seeds per run and restart.
+
+No training code and no models here (docs/design.md: envs import no models, tasks or trainers).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import numpy as np
+
+from chronomem.envs.minigrid import MAX_WORDS, PAIRS, MissionTokens
+from chronomem.envs.popgym import is_popgym, missing_hint
+from chronomem.envs.popgym import wrap as wrap_popgym
+
+try:  # the optional extra ``chronomem[rl]``
+    import gymnasium as gym
+    from gymnasium import spaces
+except ModuleNotFoundError:  # pragma: no cover - exercised only without gymnasium
+    gym = None
+
+
+def _require_gymnasium() -> None:
+    if gym is None:
+        raise ModuleNotFoundError("environments need gymnasium (and MiniGrid): pip install 'chronomem[rl]'")
+
+
+def _register_ids() -> None:
+    """Import the packages whose import registers environment ids."""
+    import chronomem.envs.ballet  # noqa: F401  (chronomem/Ballet-<level or mixture>[-symbolic]-v0)
+    import chronomem.envs.popgym
+    import chronomem.envs.recall  # noqa: F401  (chronomem/CueRecall-v0)
+
+    chronomem.envs.popgym.register()  # popgym-<Name><Difficulty>-v0 when POPGym is installed
+    try:
+        import minigrid  # noqa: F401  (MiniGrid-*, BabyAI-*)
+    except ModuleNotFoundError:  # MiniGrid ids then stay unknown: check_env_id says how to install it
+        pass
+
+
+def check_env_id(env_id: str) -> str:
+    """``env_id`` if Gymnasium knows it, else a ValueError naming ``--env`` with the closest ids."""
+    _require_gymnasium()
+    _register_ids()
+    if not isinstance(env_id, str) or env_id not in gym.registry:
+        close = difflib.get_close_matches(str(env_id), list(gym.registry), n=5, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        if str(env_id).startswith(("MiniGrid", "BabyAI")) and not any(k.startswith("MiniGrid") for k in gym.registry):
+            hint = "; MiniGrid is not installed: pip install 'chronomem[rl]'"
+        if is_popgym(env_id) and missing_hint(env_id):
+            hint = f"; {missing_hint(env_id)}"
+        pairs = ", ".join(f"{p.train} -> {p.test}" for p in PAIRS.values())
+        raise ValueError(f"--env {env_id!r} is not a registered Gymnasium environment{hint} (paper 004's pairs: "
+                         f"{pairs})")
+    return env_id
+
+
+def make_env(env_id: str, render_mode: str | None = None, max_words: int = MAX_WORDS, **options):
+    """One environment ``env_id`` (any Gymnasium id; ``options`` go to ``gym.make``). MiniGrid and BabyAI
+    environments get ``MissionTokens``, POPGym's ``chronomem.envs.popgym.wrap`` (its previous-action
+    protocol and flat observations); Ballet's observations are batchable as they are."""
+    check_env_id(env_id)
+    env = gym.make(env_id, **options) if render_mode is None else gym.make(env_id, render_mode=render_mode, **options)
+    if is_popgym(env_id):
+        return wrap_popgym(env)
+    space = env.observation_space
+    if isinstance(space, spaces.Dict) and "mission" in space.spaces and "image" in space.spaces:
+        env = MissionTokens(env, max_words)
+    return env
+
+
+def make_vector_env(env_id: str, num_envs: int, asynchronous: bool = False, **options):
+    """``num_envs`` copies of ``make_env(env_id, **options)`` with same-step autoreset (module docstring)."""
+    check_env_id(env_id)
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    fns = [lambda: make_env(env_id, **options) for _ in range(num_envs)]
+    mode = gym.vector.AutoresetMode.SAME_STEP
+    if asynchronous:
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, autoreset_mode=mode)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+
+
+def env_seeds(seed: int, frames: int, num_envs: int) -> list[int]:
+    """Distinct env seeds for a run with ``seed`` starting (or restarting) at ``frames``: a resumed run's
+    environments restart with new episodes, not the ones of the run's beginning."""
+    state = np.random.SeedSequence([int(seed), int(frames)]).generate_state(num_envs)
+    return [int(s) for s in state]
