@@ -199,3 +199,15 @@ def test_cached_keys_equal_recomputed_ones(memory_mode):
     torch.testing.assert_close(y_after, y_recomputed.detach(), atol=1e-10, rtol=0)
     assert (y_after - y_cached).abs().max() > 1e-3
     assert not torch.equal(s_after.kv_version, s_cached.kv_version)
+
+
+@pytest.mark.parametrize("name", ["blrp", "transformer"])
+def test_non_causal_modules_refuse_done(name):
+    from chronomem.registry import get_model
+
+    # BLRP has no causal variant; the Transformer keeps no state even when causal.
+    module = get_model(name)(dim=16, depth=1, num_heads=2, causal=name == "transformer")
+    x = torch.randn(2, 8, 16)
+    with pytest.raises(ValueError, match="done must be None"):
+        module(x, done=torch.zeros(2, 8, dtype=torch.bool))
+    module(x)  # without done it runs as before

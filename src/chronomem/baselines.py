@@ -112,7 +112,12 @@ class Transformer(nn.Module):
         check_positive(batch_size, "batch_size")
         return None  # stateless
 
-    def forward(self, x: Tensor, state=None, mask: Tensor | None = None) -> tuple[Tensor, None]:
+    def forward(
+        self, x: Tensor, state=None, mask: Tensor | None = None, done: Tensor | None = None
+    ) -> tuple[Tensor, None]:
+        if done is not None:  # stateless: nothing to reset, and a bidirectional one reads across any boundary
+            raise ValueError("the Transformer keeps no state between calls, so it takes no episode ends inside a "
+                             "call: done must be None; use a causal core with a state (chronomem list) for agents")
         x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         batch, n = x.shape[:2]
         mask = check_mask(mask, "mask", (batch, n))

@@ -205,7 +205,12 @@ class BLRP(nn.Module):
             h = block(h, key_mask=flat_mask)
         return h.view_as(segments), m
 
-    def forward(self, x: Tensor, state=None, mask: Tensor | None = None) -> tuple[Tensor, BLRPLatents]:
+    def forward(
+        self, x: Tensor, state=None, mask: Tensor | None = None, done: Tensor | None = None
+    ) -> tuple[Tensor, BLRPLatents]:
+        if done is not None:  # the backward pass reads every segment: there is no episode boundary to respect
+            raise ValueError("BLRP is bidirectional (its backward pass reads the whole sequence), so it takes no "
+                             "episode ends inside a call: done must be None; use a causal core for agents")
         x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         if state is not None:
             raise ValueError("BLRP reads the whole sequence in both directions and keeps no state between "
