@@ -13,7 +13,8 @@ An agent drives its memory core in two ways (docs/design.md, "Episode boundaries
 * **learning**: one call over a stored rollout ``x [B, 128, D]`` from the steady state, forward and
   backward of ``mean(y^2)``, without and with episode ends inside it (``done``, each step with
   probability 1/64); the ratio is (with dones) / (without). A core that refuses ``done`` (an
-  exception on the first call) is listed with "no done support yet" and its message.
+  exception on the first call) is listed with "refuses done" and its message (segment-mode
+  Transformer-XL refuses it by design).
 
 Cores and options are in ``CORES`` (registry names; Transformer-XL and GTrXL in the agents' sliding
 memory and in the default segment recurrence, memory 64 and 256 steps; HTM holding 256 steps in its
@@ -204,7 +205,7 @@ def format_learning(rows: list[dict]) -> str:
         if r["done_support"]:
             tail = f"{r['ms_done']:8.1f} {r['ratio']:6.2f}"
         else:
-            tail = f"no done support yet ({r['error'][:60]})"
+            tail = f"refuses done ({r['error'][:60]})"
         lines.append(f"{r['core']:16s} {r['options']:42s} {r['ms']:8.1f} {tail}")
     return "\n".join(lines)
 

@@ -84,7 +84,7 @@ def test_learning_rows_report_a_core_without_done_instead_of_crashing(monkeypatc
     assert not no_done["done_support"]
     assert no_done["ms_done"] is None and no_done["ratio"] is None and no_done["ms"] > 0
     assert "unexpected keyword argument 'done'" in no_done["error"]
-    assert "no done support yet" in core_step.format_learning(rows).splitlines()[2]
+    assert "refuses done" in core_step.format_learning(rows).splitlines()[2]
 
 
 def test_main_writes_both_tables(tmp_path, capsys):
