@@ -22,6 +22,21 @@ import torch
 from torch import Tensor, nn
 
 
+def randn64(*shape, seed: int = 0) -> Tensor:
+    """A float64 normal tensor from its own seeded generator."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+@torch.no_grad()
+def jitter_layer_norms_(model: nn.Module) -> nn.Module:
+    """Give every LayerNorm a non-trivial affine, so that a mixed-up norm shows in a comparison."""
+    for module in model.modules():
+        if isinstance(module, nn.LayerNorm):
+            module.weight.uniform_(0.5, 1.5)
+            module.bias.normal_(0.0, 0.1)
+    return model
+
+
 def random_dones(batch: int, steps: int, generator: torch.Generator, p: float = 0.15) -> Tensor:
     """A done pattern with an episode end at the first step of row 0, at the last step of row 1, and
     several episodes in some rows."""

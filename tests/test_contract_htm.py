@@ -8,7 +8,14 @@ import torch
 
 from chronomem.htm import HierarchicalMemory, HTMTransformer
 from chronomem.layers import concat_states
-from contract import check_any_split, check_done_equals_reset, check_select_concat, random_dones
+from contract import (
+    check_any_split,
+    check_done_equals_reset,
+    check_select_concat,
+    jitter_layer_norms_,
+    randn64,
+    random_dones,
+)
 
 torch.set_num_threads(1)
 
@@ -28,16 +35,7 @@ STEPS = 16
 def make(variant: str, chunk_size: int, seed: int = 0, **options) -> HTMTransformer:
     torch.manual_seed(seed)
     model = HTMTransformer(**{**SMALL, **VARIANTS[variant], **options}, chunk_size=chunk_size).double().eval()
-    with torch.no_grad():  # non-trivial LayerNorm affines, so that a mixed-up norm shows
-        for module in model.modules():
-            if isinstance(module, torch.nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.normal_(0.0, 0.1)
-    return model
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return jitter_layer_norms_(model)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -46,7 +44,7 @@ def test_done_inside_a_call_equals_reset_between_calls(variant, chunk_size):
     model = make(variant, chunk_size, seed=1)
     generator = torch.Generator().manual_seed(2)
     for trial in range(2):
-        x = randn(4, STEPS, D, seed=3 + trial)
+        x = randn64(4, STEPS, D, seed=3 + trial)
         check_done_equals_reset(model, x, random_dones(4, STEPS, generator, p=0.2))
 
 
@@ -57,7 +55,7 @@ def test_any_split_equals_one_call(variant, chunk_size, with_done):
     model = make(variant, chunk_size, seed=4)
     generator = torch.Generator().manual_seed(5)
     for trial in range(2):
-        x = randn(3, STEPS + trial, D, seed=6 + trial)
+        x = randn64(3, STEPS + trial, D, seed=6 + trial)
         done = random_dones(3, STEPS + trial, generator, p=0.2) if with_done else None
         check_any_split(model, x, done, generator)
 
@@ -65,7 +63,7 @@ def test_any_split_equals_one_call(variant, chunk_size, with_done):
 @pytest.mark.parametrize("variant", ["default", "shared_memory", "overlap"])
 def test_select_concat(variant):
     model = make(variant, 3, seed=7)
-    check_select_concat(model, randn(4, 13, D, seed=8), concat_states)  # the halves stop mid-chunk
+    check_select_concat(model, randn64(4, 13, D, seed=8), concat_states)  # the halves stop mid-chunk
 
 
 @pytest.mark.parametrize("options", [{"output_steps": 5}, {"output_steps": 1, "shared_memory": True, "window": 1},
@@ -75,7 +73,7 @@ def test_output_steps_with_done(options):
     plain forward's."""
     plain = make("default", 3, seed=9, **{**options, "output_steps": None})
     fast = make("default", 3, seed=9, **options)
-    x = randn(3, STEPS, D, seed=10)
+    x = randn64(3, STEPS, D, seed=10)
     done = random_dones(3, STEPS, torch.Generator().manual_seed(11), p=0.25)
     done[2, -2] = True  # an episode end inside the computed tail
     r = options["output_steps"]
@@ -91,7 +89,7 @@ def test_done_with_padding():
     """A padded row with episode ends equals that row alone over its valid steps; a done at a padded
     step is ignored."""
     model = make("default", 3, seed=12)
-    x = randn(2, STEPS, D, seed=13)
+    x = randn64(2, STEPS, D, seed=13)
     mask = torch.ones(2, STEPS, dtype=torch.bool)
     mask[1, 11:] = False
     done = torch.zeros(2, STEPS, dtype=torch.bool)
@@ -109,7 +107,7 @@ def test_done_with_padding():
 @pytest.mark.parametrize("memory_gradient", [False, True])
 def test_no_gradient_crosses_an_episode_end(memory_gradient):
     model = make("default", 3, seed=14, memory_gradient=memory_gradient, extra_length=3)
-    x = randn(2, 12, D, seed=15).requires_grad_(True)
+    x = randn64(2, 12, D, seed=15).requires_grad_(True)
     done = torch.zeros(2, 12, dtype=torch.bool)
     done[:, 6] = True
     y, state = model(x, done=done)
@@ -119,7 +117,7 @@ def test_no_gradient_crosses_an_episode_end(memory_gradient):
     assert (grad[:, :7] == 0).all() and grad[:, 7:].abs().max() > 0  # new episode's gradients only
     with torch.no_grad():  # the steps before the end changed: the new episode's outputs do not
         x2 = x.detach().clone()
-        x2[:, :7] = randn(2, 7, D, seed=16)
+        x2[:, :7] = randn64(2, 7, D, seed=16)
         torch.testing.assert_close(model(x2, done=done)[0][:, 7:], y[:, 7:].detach(), atol=1e-10, rtol=0)
 
 
@@ -127,7 +125,7 @@ def test_keep_across_episodes_keeps_memory_not_the_window():
     """With ``keep_across_episodes`` the new episode reads the old one's chunks (Section 3.3), but its
     local window starts at the episode's first step."""
     model = make("keep_across_episodes", 3, seed=17, extra_length=0)
-    x = randn(1, 12, D, seed=18)
+    x = randn64(1, 12, D, seed=18)
     done = torch.zeros(1, 12, dtype=torch.bool)
     done[0, 7] = True
     with torch.no_grad():
@@ -142,7 +140,7 @@ def test_keep_across_episodes_keeps_memory_not_the_window():
 
 def test_done_is_validated():
     model = make("default", 3)
-    x = randn(2, 5, D)
+    x = randn64(2, 5, D)
     with pytest.raises(TypeError, match="done"):
         model(x, done=torch.zeros(2, 5))
     with pytest.raises(ValueError, match="done"):
@@ -156,7 +154,7 @@ def test_write_chunks_returns_each_commit_once_with_its_last_step():
     the step that commits it (what a call's queries are masked by), partial chunks at episode ends
     included; and the memory ``write`` returns."""
     mem = HierarchicalMemory.empty(2, 3, 3, D, overlap=1, dtype=torch.float64)
-    x = randn(2, 11, D, seed=19)
+    x = randn64(2, 11, D, seed=19)
     done = torch.zeros(2, 11, dtype=torch.bool)
     done[0, 4] = done[1, 5] = True
     stored, chunks = mem.write_chunks(x, torch.full((2,), 11), done)
@@ -188,7 +186,7 @@ def test_layers_are_built_from_the_model_config():
     assert config == model.config
     again = HTMTransformer(config=config).double()
     again.load_state_dict(model.state_dict())  # the same modules and shapes
-    x = randn(2, 7, D, seed=20)
+    x = randn64(2, 7, D, seed=20)
     with torch.no_grad():
         torch.testing.assert_close(again(x)[0], model(x)[0], atol=0, rtol=0)
     keywords = HTMLayer(**dataclasses.asdict(config))

@@ -11,6 +11,8 @@ from contract import (
     check_any_split,
     check_done_equals_reset,
     check_select_concat,
+    jitter_layer_norms_,
+    randn64,
     random_dones,
 )
 
@@ -28,16 +30,7 @@ STEPS = 16
 def make(config: str, chunk_size: int, seed: int = 0) -> TLB:
     torch.manual_seed(seed)
     model = TLB(**CONFIGS[config], chunk_size=chunk_size, causal=True).double().eval()
-    with torch.no_grad():  # non-trivial LayerNorm affines and I_0, so that a mixed-up norm or state shows
-        for module in model.modules():
-            if isinstance(module, torch.nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.normal_(0.0, 0.1)
-    return model
-
-
-def randn(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return jitter_layer_norms_(model)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
@@ -46,7 +39,7 @@ def test_done_inside_a_call_equals_reset_between_calls(config, chunk_size):
     model = make(config, chunk_size, seed=1)
     generator = torch.Generator().manual_seed(2)
     for trial in range(2):
-        x = randn(4, STEPS, D, seed=3 + trial)
+        x = randn64(4, STEPS, D, seed=3 + trial)
         check_done_equals_reset(model, x, random_dones(4, STEPS, generator, p=0.2))
 
 
@@ -57,7 +50,7 @@ def test_any_split_equals_one_call(config, chunk_size, with_done):
     model = make(config, chunk_size, seed=4)
     generator = torch.Generator().manual_seed(5)
     for trial in range(3):
-        x = randn(3, STEPS + trial, D, seed=6 + trial)
+        x = randn64(3, STEPS + trial, D, seed=6 + trial)
         done = random_dones(3, STEPS + trial, generator, p=0.2) if with_done else None
         check_any_split(model, x, done, generator)
 
@@ -65,14 +58,14 @@ def test_any_split_equals_one_call(config, chunk_size, with_done):
 @pytest.mark.parametrize("config", ["ours", "authors"])
 def test_select_concat(config):
     model = make(config, 5, seed=7)
-    check_select_concat(model, randn(4, 13, D, seed=8), concat_states)  # the halves stop mid-chunk
+    check_select_concat(model, randn64(4, 13, D, seed=8), concat_states)  # the halves stop mid-chunk
 
 
 def test_any_split_with_padding_and_dones():
     """Masked steps occupy their slots wherever the call is cut; outputs there are zero."""
     model = make("ours", 4, seed=9)
     generator = torch.Generator().manual_seed(10)
-    x = randn(3, STEPS, D, seed=11)
+    x = randn64(3, STEPS, D, seed=11)
     mask = torch.rand(3, STEPS, generator=generator) > 0.3
     mask[2, 3:9] = False  # a whole chunk of padding
     done = random_dones(3, STEPS, generator)
@@ -92,7 +85,7 @@ def test_any_split_with_padding_and_dones():
 
 def test_no_gradient_crosses_an_episode_end():
     model = make("ours", 4, seed=12)
-    x = randn(2, STEPS, D, seed=13).requires_grad_(True)
+    x = randn64(2, STEPS, D, seed=13).requires_grad_(True)
     done = torch.zeros(2, STEPS, dtype=torch.bool)
     done[0, 6] = True  # mid-chunk: the partial chunk of the first episode is dropped
     y, _ = model(x, done=done)
@@ -103,7 +96,7 @@ def test_no_gradient_crosses_an_episode_end():
 
 def test_the_state_carries_the_partial_chunk():
     model = make("ours", 4, seed=14)
-    x = randn(2, 6, D, seed=15)
+    x = randn64(2, 6, D, seed=15)
     _, state = model(x)
     assert state.fill.tolist() == [2, 2] and state.chunks.tolist() == [1, 1]
     assert state.slot_valid[:, :2].all() and not state.slot_valid[:, 2:].any()
@@ -116,7 +109,7 @@ def test_the_state_carries_the_partial_chunk():
         torch.testing.assert_close(keys, want_k, atol=1e-12, rtol=0)
         torch.testing.assert_close(values, want_v, atol=1e-12, rtol=0)
     # The pending chunk updates the state once it is complete, as in one call.
-    z = randn(2, 2, D, seed=16)
+    z = randn64(2, 2, D, seed=16)
     _, after = model(z, state)
     _, whole = model(torch.cat([x, z], 1))
     assert after.fill.tolist() == [0, 0] and after.chunks.tolist() == [2, 2]
@@ -133,7 +126,7 @@ def test_the_state_carries_the_partial_chunk():
 
 def test_bad_done():
     model = make("ours", 4)
-    x = randn(2, 5, D)
+    x = randn64(2, 5, D)
     with pytest.raises(TypeError, match="done"):
         model(x, done=torch.zeros(2, 5))
     with pytest.raises(ValueError, match="done"):
@@ -155,8 +148,8 @@ def test_gradients_through_the_carried_chunk_equal_one_call(config):
     """Fed one token at a time (state not detached), gradients into the input and every parameter
     flow through the cached keys/values, outputs and state as in one call."""
     model = make(config, 4, seed=19)
-    x = randn(2, 11, D, seed=20)
-    weights = randn(2, 11, D, seed=21)
+    x = randn64(2, 11, D, seed=20)
+    weights = randn64(2, 11, D, seed=21)
     grads = []
     for one_token in (False, True):
         model.zero_grad()
