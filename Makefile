@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/chronomem run tour --out runs/tour
+	$(BIN)/chronomem run tour  # writes runs/tour (runs/tour-2, ... on later runs: nothing is overwritten)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

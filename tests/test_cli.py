@@ -495,3 +495,18 @@ def test_train_does_not_import_the_experiments():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "0 False"
+
+
+def test_run_never_overwrites_earlier_results(tmp_path, monkeypatch, capsys):
+    """An explicit --out holding results is refused; the default directory gets a fresh name."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--models", "lstm", "--quiet"]) == 0
+    first = (tmp_path / "runs" / "copy-baselines" / "results.json").read_bytes()
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--models", "lstm", "--quiet"]) == 0
+    assert (tmp_path / "runs" / "copy-baselines-2" / "results.json").exists()
+    assert (tmp_path / "runs" / "copy-baselines" / "results.json").read_bytes() == first
+    capsys.readouterr()
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--out", "runs/copy-baselines"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chronomem run: error: --out runs/copy-baselines already holds") and err.count("\n") == 1
+    assert (tmp_path / "runs" / "copy-baselines" / "results.json").read_bytes() == first

@@ -137,6 +137,16 @@ def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
     return path
 
 
+def fresh_run_dir(base: Path) -> Path:
+    """``base`` if it does not exist yet, else the first of ``base-2``, ``base-3``, ... that does not: the
+    default output of ``chronomem run`` never lands on an earlier run."""
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
 def check_device(name: str | None) -> None:
     """A ValueError naming ``--device`` unless ``name`` is a device this machine can compute on."""
     if name is None:
@@ -393,7 +403,10 @@ def cmd_run(args) -> int:
     if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     experiment = get_experiment(args.experiment)
-    out = check_out_dir(args.out or f"runs/{args.experiment}")
+    out = check_out_dir(args.out) if args.out else check_out_dir(fresh_run_dir(Path("runs") / args.experiment))
+    if (out / "results.json").exists():  # a run never overwrites another run's files
+        raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
+                         "directory, or leave --out out to get a new one under runs/")
     results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models,
                              progress=not args.quiet, time_budget=args.time_budget)
     equal_time = "" if args.time_budget is None else f", equal time budget of {args.time_budget:g} s per model"
@@ -483,7 +496,8 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("experiment")
     r.add_argument("--scale", default="quick", choices=LazyChoices(_scales), metavar="SCALE",
                    help="%(choices)s: the runs' fixed step counts (default %(default)s)")
-    r.add_argument("--out", default=None, help="output directory (default runs/EXPERIMENT)")
+    r.add_argument("--out", default=None, help="output directory, which must not hold results yet (default: "
+                   "runs/EXPERIMENT, or runs/EXPERIMENT-2, -3, ... when that exists)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--models", nargs="+", metavar="NAME", default=None,
                    help="run only these of the experiment's models (default: all of the scale's models)")
