@@ -138,3 +138,20 @@ def check_select_concat(core: nn.Module, x: Tensor, concat_states, atol: float =
         joined = concat_states(parts)
         y_joined, _ = core(x[order, half:], state=joined)
         torch.testing.assert_close(y_joined, y_whole[order], atol=atol, rtol=0, msg="select + concat")
+
+
+def check_done_trials(core: nn.Module, steps: int, dim: int, trials: int = 2) -> None:
+    """``check_done_equals_reset`` on ``trials`` random inputs ``[4, steps, dim]`` and done patterns."""
+    generator = torch.Generator().manual_seed(2)
+    for trial in range(trials):
+        x = randn64(4, steps, dim, seed=3 + trial)
+        check_done_equals_reset(core, x, random_dones(4, steps, generator, p=0.2))
+
+
+def check_split_trials(core: nn.Module, steps: int, dim: int, with_done: bool, trials: int = 2) -> None:
+    """``check_any_split`` on ``trials`` random inputs ``[3, steps + trial, dim]``, with dones or without."""
+    generator = torch.Generator().manual_seed(5)
+    for trial in range(trials):
+        x = randn64(3, steps + trial, dim, seed=6 + trial)
+        done = random_dones(3, steps + trial, generator, p=0.2) if with_done else None
+        check_any_split(core, x, done, generator)

@@ -8,9 +8,9 @@ import torch
 from chronomem.layers import concat_states
 from chronomem.tlb import TLB, TLBState
 from contract import (
-    check_any_split,
-    check_done_equals_reset,
+    check_done_trials,
     check_select_concat,
+    check_split_trials,
     jitter_layer_norms_,
     randn64,
     random_dones,
@@ -36,23 +36,14 @@ def make(config: str, chunk_size: int, seed: int = 0) -> TLB:
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("chunk_size", [4, 5])  # divides STEPS, and does not
 def test_done_inside_a_call_equals_reset_between_calls(config, chunk_size):
-    model = make(config, chunk_size, seed=1)
-    generator = torch.Generator().manual_seed(2)
-    for trial in range(2):
-        x = randn64(4, STEPS, D, seed=3 + trial)
-        check_done_equals_reset(model, x, random_dones(4, STEPS, generator, p=0.2))
+    check_done_trials(make(config, chunk_size, seed=1), STEPS, D)
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 @pytest.mark.parametrize("chunk_size", [4, 5])
 @pytest.mark.parametrize("with_done", [False, True])
 def test_any_split_equals_one_call(config, chunk_size, with_done):
-    model = make(config, chunk_size, seed=4)
-    generator = torch.Generator().manual_seed(5)
-    for trial in range(3):
-        x = randn64(3, STEPS + trial, D, seed=6 + trial)
-        done = random_dones(3, STEPS + trial, generator, p=0.2) if with_done else None
-        check_any_split(model, x, done, generator)
+    check_split_trials(make(config, chunk_size, seed=4), STEPS, D, with_done, trials=3)
 
 
 @pytest.mark.parametrize("config", ["ours", "authors"])

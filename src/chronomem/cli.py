@@ -456,6 +456,9 @@ def _scales():
     return SCALES
 
 
+RESUME_HELP = "continue the run in DIR (a run directory or DIR/checkpoints/step_N), writing only into it"
+
+
 def make_parser() -> argparse.ArgumentParser:
     from chronomem.train import TrainConfig
 
@@ -478,8 +481,7 @@ def make_parser() -> argparse.ArgumentParser:
     for flag, (key, what) in MODEL_FLAGS.items():
         t.add_argument(flag, type=int, help=f"{what} (default {defaults[key]})")
     add_config_flags(t, TrainConfig)
-    t.add_argument("--resume", metavar="DIR",
-                   help="continue the run in DIR (a run directory or DIR/checkpoints/step_N), writing only into it")
+    t.add_argument("--resume", metavar="DIR", help=RESUME_HELP)
 
     e = sub.add_parser(
         "eval", help="evaluate a trained run on its task's test set, printed as JSON",
@@ -532,8 +534,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(rt, Args)
     rt.add_argument("--core-opt", action="append", metavar="KEY=VALUE", help="core option, repeatable")
-    rt.add_argument("--resume", metavar="DIR",
-                    help="continue the run in DIR (a run directory or DIR/checkpoints/step_N), writing only into it")
+    rt.add_argument("--resume", metavar="DIR", help=RESUME_HELP)
     rv = rl_sub.add_parser(
         "eval", help="mean return of a trained agent over N episodes, printed as JSON",
         description="Load a PPO run (its newest checkpoint, or RUN/checkpoints/step_N) and measure the mean "
