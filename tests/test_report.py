@@ -69,3 +69,13 @@ def test_values_below_one_keep_two_decimals(tmp_path):
     page = results_page([tmp_path])
     assert "| lstm | return | 0.94 | 0.91 |" in page
     assert "| lstm | steps | 1200.0 | — |" in page
+
+
+def test_a_model_only_the_paper_has_gets_rows_for_the_settings_run(tmp_path):
+    write_run(tmp_path / "a", results={"lstm": {"RepeatPreviousEasy": 0.5}},
+              paper={"lstm": {"RepeatPreviousEasy": 0.9}, "gru": {"RepeatPreviousEasy": 0.8, "CountRecallHard": 0.1}})
+    page = results_page([tmp_path])
+    assert "| lstm | RepeatPreviousEasy | 0.50 | 0.90 |" in page
+    assert "| gru | RepeatPreviousEasy | — | 0.80 |" in page  # after our rows, ours empty
+    assert page.index("| lstm |") < page.index("| gru |")
+    assert "CountRecallHard" not in page  # a setting no run measured gets no row

@@ -7,7 +7,8 @@ the runs wrote.
 
 One section per (experiment, scale). Each row is one (model, setting) pair -- long format, so an
 experiment whose models report different settings (the tour) gives no sparse matrix. With several
-seeds of the same experiment and scale, each seed gets a column and the mean is added.
+seeds of the same experiment and scale, each seed gets a column and the mean is added. A model that
+only the paper has gets rows too (ours "—"), for the settings the runs measured.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
     for run in runs:
         for model, settings in run["results"].items():
             rows += [(model, s) for s in settings if (model, s) not in rows]
+    # A model only the paper has (POPGym's GRU beside our cores): its rows for the settings we ran.
+    ours, settings_run = {model for model, _ in rows}, {s for _, s in rows}
+    rows += [(model, s) for model, row in first["paper"].items() if model not in ours
+             for s in row if s in settings_run]
     several = len(runs) > 1
     head = ["model", "setting"] + [f"seed {s}" for s in seeds] + (["mean"] if several else []) + ["paper"]
     lines = [

@@ -12,9 +12,14 @@ setting), ``mem-lstm``, ``transformer-xl`` and ``gtrxl`` (sliding memory of 256 
 ``htm``; a core that does not take ``done`` inside a call yet is listed with the reason in the table
 and not run (unless asked for by name, which is then an error naming the missing piece).
 
-POPGym's published baseline numbers (GRU, LSTM, linear attention, ...) are not transcribed here yet:
-its per-environment results are in the paper's appendix, and the report leaves the paper column empty
-rather than print numbers we have not checked against it.
+POPGym's published baselines (``PAPER``): the MMER its paper gives for each of its 13 models (GRU,
+LSTM, Elman, IndRNN, LMU, S4D, FART, FWP, DiffNC, frame stacking, temporal convolution, MLP, PosMLP)
+on each environment and difficulty, keyed like our settings (``"RepeatPreviousEasy"``). Its LSTM
+sits beside our ``lstm``; its other models are rows of the paper's numbers only. They came from
+RLlib's PPO with POPGym's hyper-parameters and 15M frames per run, not from our PPO at ``quick``'s
+100k frames, so they bound what a core can reach rather than measure the same run. Only numbers
+printed in the paper go here, never values read off a figure; the table is empty until its
+per-environment results have been transcribed from the paper and checked (docs/rl.md "POPGym").
 
 Scales fix the frames per run: ``smoke`` (seconds, tests), ``quick`` (6 Easy environments,
 CPU-sized cores), ``paper`` (the 15 environments at the 3 difficulties, POPGym's budget of 15M frames
@@ -26,7 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chronomem.envs.popgym import DIFFICULTIES, ENVS, popgym_id
+from chronomem.envs.popgym import DIFFICULTIES, ENVS, all_ids, popgym_id
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.rl_runs import (
     check_cores,
@@ -52,6 +57,17 @@ CORES = {
 QUICK_ENVS = tuple(popgym_id(name) for name in ("RepeatPrevious", "RepeatFirst", "Autoencode", "CountRecall",
                                                  "PositionOnlyCartPole", "MineSweeper"))
 NOT_RUN = "not run: no done"
+
+# POPGym's 13 memory models (paper Sec. 4, its ``popgym/baselines/ray_models``) by their row names
+# here. ``lstm`` is ours too, so the paper's LSTM is the paper column of our lstm row.
+PAPER_MODELS = {
+    "gru": "GRU", "lstm": "LSTM", "elman": "Elman", "indrnn": "IndRNN", "lmu": "LMU", "s4d": "S4D",
+    "fart": "FART (linear attention)", "fwp": "FWP", "diffnc": "DiffNC", "frame-stacking": "Frame stacking",
+    "temporal-conv": "Temporal convolution", "mlp": "MLP", "pos-mlp": "PosMLP",
+}
+# MMER per model and environment as POPGym (Morad et al., ICLR 2023, arXiv 2303.01859) prints them:
+# ``{model: {"<Name><Difficulty>": MMER}}``. Empty: not transcribed yet (module docstring).
+PAPER: dict[str, dict[str, float]] = {}
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,28 @@ def _name(env_id: str) -> str:
     return env_id.removeprefix("popgym-").removesuffix("-v0")
 
 
+def check_paper_table(table: dict) -> None:
+    """ValueError unless every row is one of ``PAPER_MODELS``, every setting a POPGym environment at a
+    difficulty (``"RepeatPreviousEasy"``) and every value an MMER in [-1, 1] (so a typo fails)."""
+    names = {_name(env_id) for env_id in all_ids()}
+    for model, row in table.items():
+        if model not in PAPER_MODELS:
+            raise ValueError(f"paper table: model must be one of {', '.join(PAPER_MODELS)}, got {model!r}")
+        for setting, value in row.items():
+            if setting not in names:
+                raise ValueError(f"paper table: setting of {model!r} must be a POPGym environment and "
+                                 f"difficulty such as 'RepeatPreviousEasy', got {setting!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -1 <= value <= 1:
+                raise ValueError(f"paper table: {model!r} on {setting!r} must be an MMER in [-1, 1], got {value!r}")
+
+
+def paper_rows(envs: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """The rows of ``PAPER`` for the environments ``envs`` (ids), every model's, ours or not."""
+    names = [_name(env_id) for env_id in envs]
+    rows = {model: {n: row[n] for n in names if n in row} for model, row in PAPER.items()}
+    return {model: row for model, row in rows.items() if row}
+
+
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
          time_budget: float | None = None) -> dict:
     check_no_time_budget("popgym", time_budget)
@@ -118,7 +156,8 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     results = {m: results[m] for m in chosen}
     plot_curves(panels, out / "learning_curves.png", f"popgym ({scale}): mean return against frames")
     config = {"scale": scale, **asdict(s), "models": list(chosen), "skipped": skipped}
-    return {"results": results, "config": config, "paper": {}, "extra": {"runs": runs, "curves": panels}}
+    return {"results": results, "config": config, "paper": paper_rows(s.envs),
+            "extra": {"runs": runs, "curves": panels}}
 
 
 POPGYM = register_experiment(
@@ -127,8 +166,10 @@ POPGYM = register_experiment(
         description="POPGym (Morad et al. 2023): every causal chronomem core that takes done as a PPO agent's "
         "memory, POPGym's MMER metric.",
         run=_run,
+        paper=PAPER,
         metric="MMER: max over training of the mean episodic return (POPGym's returns lie in [-1, 1])",
-        paper_source="POPGym (Morad et al., ICLR 2023); its baseline numbers are not transcribed yet",
+        paper_source="POPGym (Morad et al., ICLR 2023, arXiv 2303.01859): its baselines' MMER, RLlib PPO, "
+        "15M frames per run; not transcribed yet, so the paper column is empty",
         notes="A core listed as 'not run: no done' cannot take episode ends inside a call yet. "
         "learning_curves.png: mean return against frames, one panel per environment, one line per core "
         "(mean over seeds).",
