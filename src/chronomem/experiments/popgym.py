@@ -17,7 +17,7 @@ LSTM, Elman, IndRNN, LMU, S4D, FART, FWP, DiffNC, frame stacking, temporal convo
 on each environment and difficulty, keyed like our settings (``"RepeatPreviousEasy"``). Its LSTM
 sits beside our ``lstm``; its other models are rows of the paper's numbers only. They came from
 RLlib's PPO with POPGym's hyper-parameters and 15M frames per run, not from our PPO at ``quick``'s
-100k frames, so they bound what a core can reach rather than measure the same run. Only numbers
+100k frames: what POPGym's models reached with 150 times the frames, not the same run. Only numbers
 printed in the paper go here, never values read off a figure; the table is empty until its
 per-environment results have been transcribed from the paper and checked (docs/rl.md "POPGym").
 
