@@ -11,7 +11,7 @@ import torch
 
 from chronomem.cli import main
 from chronomem.encoders import PatchEncoder
-from chronomem.heads import build_model
+from chronomem.heads import Classifier, build_model
 from chronomem.layers import sinusoid_from_positions
 from chronomem.registry import get_model, get_task
 from chronomem.tasks import images
@@ -129,6 +129,10 @@ def test_missing_data_says_how_to_get_it(tmp_path):
         load_dataset("fashion-mnist", tmp_path / "partial")
     with pytest.raises(ValueError, match="dataset must be one of"):
         load_dataset("mnist", tmp_path)
+    write_fashion_mnist(tmp_path / "odd")
+    (tmp_path / "odd" / f"{FMNIST[1]}.gz").write_bytes(gzip.compress(idx_bytes(np.zeros(39))))  # 40 images
+    with pytest.raises(DatasetError, match=r"images \(40, 28, 28\) and labels \(39,\) do not match"):
+        load_dataset("fashion-mnist", tmp_path / "odd")
 
 
 def test_the_command_line_prints_one_line_not_a_traceback(tmp_path, capsys):
@@ -219,6 +223,8 @@ def test_patch_encoder_checks_its_input():
         enc(torch.cat([x[..., :-2], x[..., -2:] * 8], -1))
     with pytest.raises(ValueError, match="multiple of 4"):
         PatchEncoder(channels=3, patch_size=2, dim=6, grid=4)
+    with pytest.raises(ValueError, match="an encoder embeds feature inputs"):
+        Classifier(get_model("vit")(dim=8, depth=1, num_heads=2), 8, 10, vocab_size=5, encoder=enc)
 
 
 def tiny_data(n_train=24, n_test=8, channels=1, side=8, seed=0) -> ImageData:
@@ -295,6 +301,7 @@ def test_resolution_transfer_runs_at_smoke_scale(tmp_path, monkeypatch):
     from chronomem.experiments import images as experiment
     from chronomem.experiments.base import run_experiment
     from chronomem.registry import get_experiment
+    from chronomem.train import evaluate, load_run
 
     with pytest.raises(DatasetError, match="apt-get install dataset-fashion-mnist"):  # no data: how to get it
         run_experiment(get_experiment("resolution-transfer"), "smoke", tmp_path / "none", progress=False)
@@ -308,6 +315,10 @@ def test_resolution_transfer_runs_at_smoke_scale(tmp_path, monkeypatch):
     assert len(result["extra"]["runs"]) == 4 and result["config"]["test_resolutions"] == [8, 16]
     assert result["config"]["models"]["tlb-no-top-down"][1]["top_down"] is False
     assert "different data" in (tmp_path / "run" / "report.md").read_text().lower()  # said beside the table
+    # A run rebuilds from its saved spec (the task's describe()) and gives its test accuracy again.
+    model, task, spec = load_run(tmp_path / "run" / "fashion-mnist" / "vit" / "seed0", device="cpu")
+    assert spec["task_options"]["resolution"] == 8 and task.patches["grid"] == 2  # 8 / patch 4
+    assert evaluate(model, task, 50, 16)["accuracy"] == result["extra"]["per_seed"]["fashion-mnist/vit"]["1x"][0]
 
 
 def test_paper_scale_has_both_cifar_datasets_side_by_side():
