@@ -404,8 +404,10 @@ def cmd_run(args) -> int:
     if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     experiment = get_experiment(args.experiment)
-    if args.data_dir is not None:  # where the image tasks look for their files first (chronomem.tasks.images)
-        os.environ["CHRONOMEM_DATA_DIR"] = args.data_dir
+    if args.data_dir is not None:  # where the image tasks look for their files first
+        from chronomem.tasks.images import ENV_DATA_DIR
+
+        os.environ[ENV_DATA_DIR] = args.data_dir
     out = check_out_dir(args.out) if args.out else check_out_dir(fresh_run_dir(Path("runs") / args.experiment))
     if (out / "results.json").exists():  # a run never overwrites another run's files
         raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
