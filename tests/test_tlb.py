@@ -59,7 +59,8 @@ def naive_tlb(model: TLB, x, mask=None, memory=None):
             for group in model.groups:
                 for block in group.self_blocks:  # R x pre-LN self-attention + FFN, within the chunk
                     h = block(h, causal=model.causal)
-                h = group.cross(h, context)  # pre-LN cross-attention + FFN to I_{l-1} (top-down)
+                if group.cross is not None:  # top_down=False: no cross layer
+                    h = group.cross(h, context)  # pre-LN cross-attention + FFN to I_{l-1} (top-down)
             y[b, start + idx] = model.norm(h[0])
             # Bottleneck update: U = I + CrossAttn(q=LN(I+P), kv=LN(H)); I' = U + FFN(LN(U))
             U = I + upd.attn(upd.norm_query(I + P)[None], upd.norm_context(h))[0]
@@ -105,6 +106,34 @@ def test_forward_matches_naive_reference(causal, depth, self_per_cross):
         want_y2, want_I2 = naive_tlb(model, z, memory=want_I)
     torch.testing.assert_close(y2, want_y2, atol=1e-10, rtol=1e-9)
     torch.testing.assert_close(model.latest_memory(state2), want_I2, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_without_top_down_the_fast_stream_never_reads_the_state(causal):
+    """Paper 003 Table 2's ablation: no cross-attention layer in the perceptual module, so the token
+    outputs do not depend on the state; the state is still updated (Eq. 7), as the naive reference
+    without the cross layer computes."""
+    model = make(seed=1, causal=causal, depth=2, top_down=False)
+    assert all(group.cross is None for group in model.groups)
+    B, L = 2, 17
+    x, mask = randn(B, L, D, seed=2), reference_mask(B, L)
+    y, state = model(x, mask=mask)
+    want_y, want_I = naive_tlb(model, x, mask)
+    torch.testing.assert_close(y, want_y, atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(model.latest_memory(state), want_I, atol=1e-10, rtol=1e-9)
+    other = TLBState(randn(B, N, D, seed=4), torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.bool))
+    y_other, state_other = model(x, other, mask=mask)
+    torch.testing.assert_close(y_other, y, atol=1e-12, rtol=0)  # outputs ignore the state ...
+    assert not torch.allclose(model.latest_memory(state_other), model.latest_memory(state))  # ... which updates
+    if causal:  # one token at a time (the cached step path) equals one call
+        steps, s = [], None
+        for t in range(L):
+            out, s = model(x[:, t:t + 1], s, mask=mask[:, t:t + 1])
+            steps.append(out)
+        torch.testing.assert_close(torch.cat(steps, 1), y, atol=1e-10, rtol=1e-9)
+        torch.testing.assert_close(model.latest_memory(s), want_I, atol=1e-10, rtol=1e-9)
+    with pytest.raises(ValueError, match="self_per_cross"):  # a group would hold no layer at all
+        TLB(**{**SMALL, "self_per_cross": 0, "top_down": False})
 
 
 def test_float32_matches_naive_reference():

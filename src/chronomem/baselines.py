@@ -5,7 +5,9 @@ All three follow the chronomem convention ``y, state = module(x [B, N, dim], sta
 
 * ``Transformer`` ("transformer"): the pre-LN encoder of Vaswani et al. (2017) with sinusoid absolute
   positions added to the input, bidirectional or causal. Stateless (``state`` is always ``None``).
-  Used as the "vanilla Transformer" of the TLB and BLRP papers (papers 002, 003).
+  Used as the "vanilla Transformer" of the TLB and BLRP papers (papers 002, 003). Registered as "vit"
+  too: the same encoder with ``positions=False``, for inputs that carry their own positions (image
+  patches from ``chronomem.encoders.PatchEncoder``; Dosovitskiy et al. 2020, with mean pooling).
 * ``TransformerXL`` ("transformer-xl", "gtrxl"): Dai et al. (2019), *Transformer-XL: Attentive Language
   Models Beyond a Fixed-Length Context*. Segment-level recurrence with a gradient-stopped cache of each
   layer's inputs, and relative position encoding (their Section 3.3). ``gated=True`` replaces every
@@ -78,6 +80,10 @@ class Transformer(nn.Module):
     Defaults are the Long Range Arena ListOps Transformer (emb 512, 8 heads, 6 layers, MLP 4x) that
     the TLB and BLRP papers compare against. Deviation: pre-LN with a final LayerNorm (the original is
     post-LN); pre-LN trains without warm-up tuning and is what every chronomem model uses.
+
+    ``positions=False`` adds no position encoding: for inputs that already carry their positions
+    (ViT over ``chronomem.encoders.PatchEncoder``, whose 2-D positions follow the image when its
+    resolution changes, where 1-D positions of the token index would not).
     """
 
     @dataclass
@@ -89,6 +95,7 @@ class Transformer(nn.Module):
         ff_mult: float = 4.0
         dropout: float = 0.0
         max_len: int | None = None  # optional guard: longer inputs raise ValueError
+        positions: bool = True  # False: the inputs carry their own positions (ViT over image patches)
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -126,8 +133,10 @@ class Transformer(nn.Module):
         if self.config.max_len is not None and n > self.config.max_len:
             raise ValueError(f"x has {n} steps, more than max_len={self.config.max_len}")
         # Absolute positions counted over valid steps (Vaswani et al. Sec. 3.5, sin|cos halves).
-        pos = torch.arange(n, device=x.device) if mask is None else (mask.long().cumsum(1) - 1).clamp_min(0)
-        h = self.drop(x + sinusoid_from_positions(pos, self.dim).to(x.dtype))
+        if self.config.positions:
+            pos = torch.arange(n, device=x.device) if mask is None else (mask.long().cumsum(1) - 1).clamp_min(0)
+            x = x + sinusoid_from_positions(pos, self.dim).to(x.dtype)
+        h = self.drop(x)
         for block in self.blocks:
             h = block(h, key_mask=mask, causal=self.causal)
         y = self.norm(h)
@@ -645,6 +654,14 @@ class LSTM(nn.Module):
 
 @register_model("transformer")
 def build_transformer(dim: int, depth: int, num_heads: int, causal: bool, **options) -> Transformer:
+    return Transformer(dim=dim, depth=depth, num_heads=num_heads, causal=causal, **options)
+
+
+@register_model("vit")
+def build_vit(dim: int, depth: int, num_heads: int, causal: bool = False, **options) -> Transformer:
+    """ViT's encoder (Dosovitskiy et al. 2020): the Transformer without its own position encoding, for
+    patch inputs that carry theirs (``chronomem.encoders.PatchEncoder``); the classifier mean-pools."""
+    options.setdefault("positions", False)
     return Transformer(dim=dim, depth=depth, num_heads=num_heads, causal=causal, **options)
 
 

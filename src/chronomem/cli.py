@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import json
 import math
+import os
 import sys
 import types
 import typing
@@ -403,6 +404,10 @@ def cmd_run(args) -> int:
     if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     experiment = get_experiment(args.experiment)
+    if args.data_dir is not None:  # where the image tasks look for their files first
+        from chronomem.tasks.images import ENV_DATA_DIR
+
+        os.environ[ENV_DATA_DIR] = args.data_dir
     out = check_out_dir(args.out) if args.out else check_out_dir(fresh_run_dir(Path("runs") / args.experiment))
     if (out / "results.json").exists():  # a run never overwrites another run's files
         raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
@@ -508,6 +513,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "step counts (an equal-time comparison; its numbers depend on the machine and its load)")
     r.add_argument("--quiet", action="store_true",
                    help="no progress (by default: a bar per model and seed on a terminal, else a line every ~10 s)")
+    r.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="directory of a dataset's files (image experiments: CIFAR binary files, Fashion-MNIST IDX); "
+                   "the same as setting $CHRONOMEM_DATA_DIR")
 
     p = sub.add_parser(
         "report", help="the results page (Markdown) of runs' results.json",

@@ -37,6 +37,18 @@ acting feeds ``N = 1``; a learner replays ``N = T`` steps), and returns ``[B, N,
   a linear layer over the concatenated one-hot codes and float features, computed without
   building the one-hot vectors.
 
+* ``PatchEncoder``: an image as a raster-ordered sequence of patches (papers 002 and 003, after ViT,
+  Dosovitskiy et al. 2020): each step is one patch's pixels followed by the image coordinates of its
+  centre, ``[B, N, C * p * p + 2]`` (``chronomem.tasks.images.patchify``). A linear map embeds the
+  pixels (ViT's patch embedding) and a fixed 2-D sinusoid of the patch's row and column is added
+  (half the width each). Positions are measured in patches of the *training* grid (``grid`` patches
+  per side; training patches sit at 0, 1, ..., grid - 1), so an image of another resolution gets
+  the positions of the same places in the image: at 2x resolution the patches fall between the
+  trained positions (0.5 apart) and span the same range, which is how ViT transfers to a new
+  resolution (its Sec. 3.2 interpolates the learned positions in 2-D; sinusoids interpolate by
+  themselves). Indices counted in patches (0 .. 2 * grid - 1) would put half the image at
+  positions never trained on.
+
 ``encoder_for(observation_space, dim)`` picks one from a Gymnasium observation space.
 """
 
@@ -46,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.layers import check_positive, check_tensor, parameter_dtype
+from chronomem.layers import check_positive, check_tensor, parameter_dtype, sinusoid_from_positions
 
 # Sizes of MiniGrid's index tables (minigrid.core.constants: OBJECT_TO_IDX, COLOR_TO_IDX, STATE_TO_IDX),
 # written here so that an encoder needs no MiniGrid install; tests/test_encoders.py checks them.
@@ -64,6 +76,39 @@ class FeatureEncoder(nn.Module):
     def forward(self, obs: Tensor) -> Tensor:
         return self.linear(check_tensor(obs, "obs", 3, self.input_dim, "[B, N, input_dim]",
                                         dtype=parameter_dtype(self)))
+
+
+class PatchEncoder(nn.Module):
+    """Patches with their centres ``[B, N, channels * patch_size**2 + 2]`` -> ``[B, N, dim]`` (module
+    docstring): ``Linear(pixels) + [sin2d(row) ; sin2d(col)]``, where the last two features are the
+    centre's row and column as fractions of the image's height and width (in ``(0, 1)``) and the
+    positions are ``fraction * grid - 0.5`` patches of the training grid."""
+
+    def __init__(self, channels: int, patch_size: int, dim: int, grid: int):
+        super().__init__()
+        self.channels, self.patch_size = check_positive(channels, "channels"), check_positive(patch_size, "patch_size")
+        self.dim, self.grid = check_positive(dim, "dim"), check_positive(grid, "grid")
+        if dim % 4:
+            raise ValueError(f"dim of a PatchEncoder must be a multiple of 4 (sin and cos of row and column), "
+                             f"got {dim}")
+        self.pixels = channels * patch_size * patch_size
+        self.input_dim = self.pixels + 2
+        self.linear = nn.Linear(self.pixels, dim)
+
+    def positions(self, centres: Tensor) -> Tensor:
+        """The 2-D sinusoid code ``[..., dim]`` of patch centres ``[..., 2]`` (row, column fractions)."""
+        pos = centres * self.grid - 0.5  # in patches of the training grid: 0, 1, ..., grid - 1 there
+        return torch.cat([sinusoid_from_positions(pos[..., 0], self.dim // 2),
+                          sinusoid_from_positions(pos[..., 1], self.dim // 2)], -1)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        obs = check_tensor(obs, "obs", 3, self.input_dim, f"[B, N, channels * patch_size**2 + 2 = {self.input_dim}]",
+                           dtype=parameter_dtype(self))
+        centres = obs[..., self.pixels:]
+        if bool(((centres <= 0) | (centres >= 1)).any()):
+            raise ValueError("obs must end with each patch's centre as (row, column) fractions of the image in "
+                             f"(0, 1), got values in [{float(centres.min())}, {float(centres.max())}]")
+        return self.linear(obs[..., :self.pixels]) + self.positions(centres).to(obs.dtype)
 
 
 def _check_ids(x, name: str, shape: tuple, high) -> Tensor:

@@ -8,7 +8,10 @@ The backbone convention (every model in chronomem follows it):
   from its memory (TLB's state, BLRP's latent block) says so here; otherwise the classifier pools
   ``y`` (mean over valid steps, or the last valid step).
 
-Heads turn tokens (``nn.Embedding``) or features (``nn.Linear``) into ``x`` and ``y`` into logits.
+Heads turn tokens (``nn.Embedding``) or features (``nn.Linear``, or an ``encoder`` from
+``chronomem.encoders``) into ``x`` and ``y`` into logits. A task whose inputs are image patches says so
+with ``task.patches = {"channels", "patch_size", "grid"}``; ``build_model`` then embeds them with a
+``PatchEncoder`` (its 2-D positions follow the image across resolutions).
 
 ``reconstruction=w`` (any head) adds paper 001's self-supervised auxiliary loss (Sec. 2 "Agents",
 App. A.1, App. D.4): at every step a linear decoder reconstructs that step's input from the
@@ -24,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.layers import check_tensor, check_token_ids, masked_mean
+from chronomem.encoders import PatchEncoder
+from chronomem.layers import check_tensor, check_token_ids, masked_mean, parameter_dtype
 
 
 class _Head(nn.Module):
@@ -36,6 +40,7 @@ class _Head(nn.Module):
         vocab_size: int | None = None,
         input_dim: int | None = None,
         reconstruction: float = 0.0,
+        encoder: nn.Module | None = None,
     ):
         super().__init__()
         if (vocab_size is None) == (input_dim is None):
@@ -47,7 +52,12 @@ class _Head(nn.Module):
         self.out_dim = getattr(backbone, "out_dim", dim)
         self.tokens = vocab_size is not None
         self.vocab_size, self.input_dim = vocab_size, input_dim
-        self.embed = nn.Embedding(vocab_size, dim) if self.tokens else nn.Linear(input_dim, dim)
+        if encoder is not None and self.tokens:
+            raise ValueError("an encoder embeds feature inputs: give input_dim, not vocab_size, with it")
+        if encoder is None:
+            self.embed = nn.Embedding(vocab_size, dim) if self.tokens else nn.Linear(input_dim, dim)
+        else:  # features -> [B, N, dim] by an observation encoder (e.g. PatchEncoder) in place of nn.Linear
+            self.embed = encoder
         self.reconstruction = float(reconstruction)
         self.auxiliary_loss: Tensor | None = None
         if self.reconstruction:  # App. A.1: decoders with their own weights
@@ -72,7 +82,7 @@ class _Head(nn.Module):
         if isinstance(inputs, Tensor) and not inputs.is_floating_point():
             raise TypeError(f"inputs must be floating-point features [B, N, input_dim={self.input_dim}], got "
                             f"dtype {inputs.dtype} (integer token ids need a head built with vocab_size)")
-        return check_tensor(inputs, "inputs", 3, self.input_dim, "[B, N, input_dim]", dtype=self.embed.weight.dtype)
+        return check_tensor(inputs, "inputs", 3, self.input_dim, "[B, N, input_dim]", dtype=parameter_dtype(self.embed))
 
     def reconstruction_loss(self, y: Tensor, inputs: Tensor, mask: Tensor | None) -> Tensor:
         """Mean over valid steps of the loss of reconstructing each step's input from ``y`` at that step."""
@@ -216,6 +226,9 @@ def build_model(
     backbone = builder(dim=dim, depth=depth, num_heads=num_heads, causal=task.causal, **options)
     inputs = {"vocab_size": task.vocab_size} if task.vocab_size is not None else {"input_dim": task.input_dim}
     inputs["reconstruction"] = reconstruction
+    patches = getattr(task, "patches", None)
+    if patches is not None:  # image patches: ViT's patch embedding with 2-D positions (chronomem.encoders)
+        inputs["encoder"] = PatchEncoder(dim=dim, **patches)
     if task.kind == "classify":
         choice_steps = getattr(task, "choice_steps", None) if readout == "choices" else None
         return Classifier(backbone, dim, task.num_classes, pooling=pooling, readout=readout,

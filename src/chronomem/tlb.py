@@ -13,6 +13,9 @@ them from the authors' Long Range Arena code, and the numbers (1)-(7) below are 
 2. Perceptual module ``F`` (Eq. 5, 6): ``depth`` repetitions of ``[R x (pre-LN self-attention + FFN),
    1 x (pre-LN cross-attention + FFN)]``; the cross-attention's keys/values are the state
    ``I_{l-1}`` (top-down conditioning, Eq. 6), with a fixed sinusoid encoding over the ``N`` slots.
+   ``top_down=False`` is paper 003's ablation "w/o Top-Down Condn." (Sec. 4.1, Table 2): the groups
+   have no cross-attention + FFN layer, so the fast stream never reads the state; the state is
+   still updated (Eq. 7) and read out.
 3. Bottleneck update ``G`` (Eq. 7), once per chunk, queries from the state, keys/values from the
    chunk's perceptual outputs ``H_l``::
 
@@ -167,10 +170,11 @@ class PerceptualGroup(nn.Module):
     whose keys/values are the state (Eq. 6). ``block`` holds the blocks' keywords (``ff_mult``,
     ``dropout``, ``qkv_dim``, ``attn_bias``, ``norm_eps``, ``gelu_approximate``)."""
 
-    def __init__(self, dim: int, num_heads: int, self_per_cross: int, **block):
+    def __init__(self, dim: int, num_heads: int, self_per_cross: int, top_down: bool = True, **block):
         super().__init__()
         self.self_blocks = nn.ModuleList(SelfAttentionBlock(dim, num_heads, **block) for _ in range(self_per_cross))
-        self.cross = CrossAttentionBlock(dim, num_heads, **block)
+        # top_down=False (paper 003 Table 2's ablation): no cross-attention to the state.
+        self.cross = CrossAttentionBlock(dim, num_heads, **block) if top_down else None
 
     def self_attend(self, h: Tensor, key_mask: Tensor | None, causal: bool) -> Tensor:
         for block in self.self_blocks:
@@ -214,6 +218,7 @@ class TLB(nn.Module):
         self_per_cross: int = 2  # R
         depth: int = 1  # repetitions of [R x self, 1 x cross]
         causal: bool = False
+        top_down: bool = True  # False: the fast stream never reads the state (paper 003 Table 2 ablation)
         learned_init: bool = True
         truncate_every: int | None = None  # detach the state every n chunks (None: never)
         ff_mult: float = 4.0
@@ -261,7 +266,7 @@ class TLB(nn.Module):
             raise ValueError(f"norm_eps must be > 0, got {cfg.norm_eps!r}")
         check_positive(cfg.chunk_size, "chunk_size")
         check_positive(cfg.num_state, "num_state")
-        check_positive(cfg.self_per_cross, "self_per_cross", minimum=0)
+        check_positive(cfg.self_per_cross, "self_per_cross", minimum=0 if cfg.top_down else 1)
         check_positive(cfg.depth, "depth")
         if cfg.truncate_every is not None:
             check_positive(cfg.truncate_every, "truncate_every")
@@ -284,7 +289,8 @@ class TLB(nn.Module):
             norm_eps=cfg.norm_eps, gelu_approximate=cfg.gelu_approximate,
         )
         self.groups = nn.ModuleList(
-            PerceptualGroup(cfg.dim, cfg.num_heads, cfg.self_per_cross, **block) for _ in range(cfg.depth)
+            PerceptualGroup(cfg.dim, cfg.num_heads, cfg.self_per_cross, bool(cfg.top_down), **block)
+            for _ in range(cfg.depth)
         )
         self.update = BottleneckUpdate(cfg.dim, cfg.num_heads, **block)
         self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)  # final LN of the token outputs (pre-LN stack)
@@ -309,7 +315,8 @@ class TLB(nn.Module):
         """Per-row shapes of the partial-chunk fields of the state (tuples: one per layer or group)."""
         K, N, D = self.chunk_size, self.num_state, self.dim
         chunk_kv = tuple((b.attn.num_heads, K, b.attn.head_dim) for b in self._self_layers())
-        memory_kv = tuple((g.cross.attn.num_heads, N, g.cross.attn.head_dim) for g in self.groups)
+        memory_kv = tuple((g.cross.attn.num_heads, N, g.cross.attn.head_dim) for g in self.groups
+                          if g.cross is not None)
         return dict(fill=(), slot_valid=(K,), partial=(K, D), chunk_keys=chunk_kv, chunk_values=chunk_kv,
                     memory_keys=memory_kv, memory_values=memory_kv)
 
@@ -379,9 +386,11 @@ class TLB(nn.Module):
         return h + block.ff(block.norm_ff(h)), k, v
 
     def _memory_kv(self, memory: Tensor) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
-        """Per group, the keys and values of the perceptual cross-attention's context ``LN(I + P)``."""
+        """Per group, the keys and values of the perceptual cross-attention's context ``LN(I + P)``
+        (none with ``top_down=False``)."""
         context = memory + self.slot_encoding.to(memory.dtype)
-        kv = [group.cross.attn.heads_kv(group.cross.norm_context(context)) for group in self.groups]
+        kv = [group.cross.attn.heads_kv(group.cross.norm_context(context)) for group in self.groups
+              if group.cross is not None]
         return tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
     @staticmethod
@@ -515,7 +524,8 @@ class TLB(nn.Module):
                         kv[layer][0].append(k)
                         kv[layer][1].append(v)
                         layer += 1
-                out = self._cross(group.cross, out, memory_keys[index], memory_values[index])  # Eq. 6
+                if group.cross is not None:
+                    out = self._cross(group.cross, out, memory_keys[index], memory_values[index])  # Eq. 6
             if wave == 0 and prefix:  # the earlier call's outputs of the chunk's first slots
                 out = out.index_put((lay.head,), torch.where(kept[..., None], state.partial.to(x.dtype),
                                                              out[lay.head]))
@@ -583,7 +593,8 @@ class TLB(nn.Module):
                 chunk_keys.append(k)
                 chunk_values.append(v)
                 layer += 1
-            h = self._cross(group.cross, h, memory_keys[index], memory_values[index])  # Eq. 6, reading I_{l-1}
+            if group.cross is not None:
+                h = self._cross(group.cross, h, memory_keys[index], memory_values[index])  # Eq. 6, reading I_{l-1}
         partial = state.partial.to(x.dtype).scatter(1, fill[:, None, None].expand(-1, 1, h.shape[-1]), h)
         y = self.norm(h)
         if mask is not None:
@@ -749,7 +760,7 @@ def build_tlb(
 ) -> TLB:
     """Registry builder. ``depth`` = repetitions of ``[R x self, 1 x cross]`` (the authors' LRA model is
     ``depth=1, self_per_cross=2``). Other options: ``preset="authors"`` (then the arguments given here
-    override the preset's sizes), ``learned_init``, ``truncate_every``, ``ff_mult``, ``dropout``,
+    override the preset's sizes), ``top_down``, ``learned_init``, ``truncate_every``, ``ff_mult``, ``dropout``,
     ``slot_encoding``, ``qkv_dim``, ``attn_bias``, ``norm_eps``, ``gelu_approximate``."""
     return TLB(
         dim=dim,
