@@ -161,7 +161,8 @@ class CausalLM(Tagger):
             mask = valid[:, start:stop]
             logits, state = self(inputs[:, start:stop], state, None if bool(mask.all()) else mask)
             targets, scored = inputs[:, start + 1 : stop + 1], valid[:, start + 1 : stop + 1]
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision: in float32
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
             total += loss[scored.flatten()].double().sum()
             count += int(scored.sum())
         self.train(was_training)
