@@ -256,3 +256,10 @@ def test_data_dir_reaches_only_experiments_that_read_data(tmp_path):
         run_experiment(get_experiment("copy-baselines"), "smoke", tmp_path / "c", data_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"data_dir: no enwik8 corpus"):
         get_experiment("lm").run("paper", tmp_path / "p", 0, data_dir=str(tmp_path))
+
+
+def test_run_data_dir_flag_is_refused_by_an_experiment_without_data(tmp_path, capsys):
+    assert main(["run", "copy-baselines", "--scale", "smoke", "--data-dir", str(tmp_path), "--out",
+                 str(tmp_path / "c"), "--quiet"]) == 2
+    assert "copy-baselines reads no data files" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

@@ -40,8 +40,9 @@ FRACTIONS = (0.90, 0.05, 0.05)
 HOW_TO_GET = {
     "gcide": "install it with `apt-get install dict-gcide` (Debian/Ubuntu), or give another corpus: "
              "corpus='enwik8' with data_dir=DIR holding the file enwik8, or corpus='file' with path=FILE",
-    "enwik8": "download http://mattmahoney.net/dc/enwik8.zip, unzip it and give data_dir=DIR (the folder "
-              "holding the file enwik8) or path=FILE; or use corpus='gcide' (`apt-get install dict-gcide`)",
+    "enwik8": "download http://mattmahoney.net/dc/enwik8.zip, unzip it and give data_dir=DIR, the folder "
+              "holding the file enwik8 (chronomem run lm: --data-dir DIR; chronomem train: --task-opt "
+              "data_dir=DIR), or path=FILE; or use corpus='gcide' (`apt-get install dict-gcide`)",
     "file": "give path=FILE, a text file (gzip when its name ends in .gz or .dz)",
 }
 
