@@ -407,8 +407,9 @@ def cmd_run(args) -> int:
     if (out / "results.json").exists():  # a run never overwrites another run's files
         raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
                          "directory, or leave --out out to get a new one under runs/")
+    data = {} if args.data_dir is None else {"data_dir": args.data_dir}  # only lm reads data files
     results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models,
-                             progress=not args.quiet, time_budget=args.time_budget, data_dir=args.data_dir)
+                             progress=not args.quiet, time_budget=args.time_budget, **data)
     equal_time = "" if args.time_budget is None else f", equal time budget of {args.time_budget:g} s per model"
     print(f"\n{experiment.name} ({args.scale}{equal_time}): ours beside the paper's — {experiment.metric}\n")
     print(comparison_table(results["results"], results["paper"]))
