@@ -8,8 +8,8 @@ across the segments / chunks of a window: ``chronomem.tasks.text``). We report, 
 
 * ``test bpb``: bits per byte over the test split, streamed with the state
   (``CausalLM.evaluate_stream``; ``eval_streams`` pieces side by side), averaged over the seeds;
-* in ``extra``: training tokens per second, generation bytes per second on one thread (state carried,
-  ``CausalLM.generate``), parameters, seconds, and a sampled continuation.
+* in ``extra``: training tokens per second (wall clock), generation bytes per second on one thread
+  (state carried, ``CausalLM.generate``; CPU time), parameters, seconds, and a sampled continuation.
 
 Transformer-XL runs with ``memory_mode="sliding"``: every query sees the ``mem_len`` bytes before it,
 at any cut (Dai et al.'s evaluation setting ``same_length``), so a streamed evaluation and one-byte
@@ -100,14 +100,16 @@ def model_options(model: str, s: LMScale) -> dict:
 
 
 def generation_speed(net, n: int, seed: int) -> tuple[float, str]:
-    """Bytes per second of ``net.generate`` on one thread (state carried), and the sample it wrote."""
+    """Bytes per second of ``net.generate`` on one thread (state carried), and the sample it wrote.
+    Seconds of CPU time of this process, which other processes on a shared machine disturb less than
+    wall time (with one thread, the same on an idle core)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         generator = torch.Generator(device=net.embed.weight.device).manual_seed(seed)
-        start = time.perf_counter()
+        start = time.process_time()
         out = net.generate(PROMPT, n, temperature=1.0, top_k=None, generator=generator)
-        seconds = time.perf_counter() - start
+        seconds = max(time.process_time() - start, 1e-9)
     finally:
         torch.set_num_threads(threads)
     return n / seconds, (PROMPT + bytes(out.tolist())).decode("utf-8", errors="replace")
