@@ -1,4 +1,4 @@
-"""The ``chronomem`` command: ``list``, ``train``, ``eval``, ``run``, ``report``, ``bench`` and ``rl``."""
+"""The ``chronomem`` command: ``list``, ``train``, ``eval``, ``run``, ``report``, ``bench``, ``rl`` and ``lm``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import ast
 import dataclasses
 import json
 import math
-import os
 import sys
 import types
 import typing
@@ -404,20 +403,37 @@ def cmd_run(args) -> int:
     if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     experiment = get_experiment(args.experiment)
-    if args.data_dir is not None:  # where the image tasks look for their files first
-        from chronomem.tasks.images import ENV_DATA_DIR
-
-        os.environ[ENV_DATA_DIR] = args.data_dir
     out = check_out_dir(args.out) if args.out else check_out_dir(fresh_run_dir(Path("runs") / args.experiment))
     if (out / "results.json").exists():  # a run never overwrites another run's files
         raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
                          "directory, or leave --out out to get a new one under runs/")
+    data = {} if args.data_dir is None else {"data_dir": args.data_dir}  # for the experiments that read data files
     results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models,
-                             progress=not args.quiet, time_budget=args.time_budget)
+                             progress=not args.quiet, time_budget=args.time_budget, **data)
     equal_time = "" if args.time_budget is None else f", equal time budget of {args.time_budget:g} s per model"
     print(f"\n{experiment.name} ({args.scale}{equal_time}): ours beside the paper's — {experiment.metric}\n")
     print(comparison_table(results["results"], results["paper"]))
     print(f"\n{results['seconds']:.0f} s; wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'results.png'}")
+    return 0
+
+
+def cmd_lm_sample(args) -> int:
+    """Continue ``--prompt`` with a trained language model (``CausalLM.generate``, the state carried)."""
+    import torch
+
+    from chronomem.heads import CausalLM
+    from chronomem.train import load_run
+
+    check_device(args.device)
+    model, task, spec = load_run(args.run, device=args.device)
+    if not isinstance(model, CausalLM):
+        raise ValueError(f"RUN {args.run} is a {spec['model']} trained on task {spec['task']!r}, not a language "
+                         "model (e.g. chronomem train --task text, or chronomem run lm)")
+    device = model.embed.weight.device
+    generator = None if args.seed is None else torch.Generator(device=device).manual_seed(args.seed)
+    out = model.generate(args.prompt.encode("utf-8"), args.bytes, temperature=args.temperature, top_k=args.top_k,
+                         generator=generator)
+    sys.stdout.write(args.prompt + bytes(out.tolist()).decode("utf-8", errors="replace") + "\n")
     return 0
 
 
@@ -514,8 +530,8 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true",
                    help="no progress (by default: a bar per model and seed on a terminal, else a line every ~10 s)")
     r.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="directory of a dataset's files (image experiments: CIFAR binary files, Fashion-MNIST IDX); "
-                   "the same as setting $CHRONOMEM_DATA_DIR")
+                   help="where the experiment's data files are (resolution-transfer: CIFAR binary files or "
+                   "Fashion-MNIST IDX; lm: the folder holding enwik8); refused by experiments that read none")
 
     p = sub.add_parser(
         "report", help="the results page (Markdown) of runs' results.json",
@@ -527,6 +543,21 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (atomically), not stdout")
 
     sub.add_parser("bench", help="time and memory scaling benchmark (chronomem bench --help)", add_help=False)
+
+    lm = sub.add_parser("lm", help="language models: sample a continuation from a trained run")
+    lm_sub = lm.add_subparsers(dest="lm_command", required=True)
+    ls = lm_sub.add_parser(
+        "sample", help="continue a prompt with a trained byte-level language model",
+        description="Load a run trained on the text task (chronomem run lm writes RUN = OUT/MODEL/seedN) and "
+        "print the prompt and its continuation; each new byte is one step of the model with its state.",
+    )
+    ls.add_argument("run", metavar="RUN", help="a run directory or one of its checkpoints")
+    ls.add_argument("--prompt", required=True, help="the text to continue (UTF-8)")
+    ls.add_argument("--bytes", type=int, default=200, help="bytes to generate (default %(default)s)")
+    ls.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default %(default)s)")
+    ls.add_argument("--top-k", type=int, default=None, help="sample among the k most likely bytes (default: all)")
+    ls.add_argument("--seed", type=int, default=None, help="seed of the sampling (default: unseeded)")
+    ls.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
 
     from chronomem.rl.ppo import Args
 
@@ -571,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(None, argv[1:])
         args = parser.parse_args(argv)
         commands = {"list": cmd_list, "train": cmd_train, "eval": cmd_eval, "run": cmd_run, "report": cmd_report,
-                    "rl": lambda a: {"train": cmd_rl_train, "eval": cmd_rl_eval}[a.rl_command](a)}
+                    "rl": lambda a: {"train": cmd_rl_train, "eval": cmd_rl_eval}[a.rl_command](a),
+                    "lm": lambda a: {"sample": cmd_lm_sample}[a.lm_command](a)}
         return commands[args.command](args)
     except (ValueError, TypeError, CheckpointError) as err:
         message = " ".join(str(err).split()) or type(err).__name__  # one line, as argparse's errors

@@ -1,4 +1,5 @@
-"""Task heads that wrap any backbone: sequence classifier, per-step tagger, causal LM.
+"""Task heads that wrap any backbone: sequence classifier, per-step tagger, causal LM (with streaming
+evaluation and generation).
 
 The backbone convention (every model in chronomem follows it):
 
@@ -22,6 +23,8 @@ eval mode (and with ``w = 0``) it is None.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -113,10 +116,110 @@ class Tagger(_Head):
 
 
 class CausalLM(Tagger):
-    """Next-token prediction: a tagger whose classes are the vocabulary (targets = inputs shifted)."""
+    """Next-token prediction: a tagger whose classes are the vocabulary (targets = inputs shifted).
 
-    def __init__(self, backbone: nn.Module, dim: int, vocab_size: int):
-        super().__init__(backbone, dim, vocab_size, vocab_size=vocab_size)
+    ``evaluate_stream`` streams a whole text through the model with its state (the loss per token of
+    a long text, e.g. bits per byte); ``generate`` continues a prompt one token at a time, carrying the
+    state, so each new token costs one step of the backbone, not a pass over the whole context. Both
+    need a backbone for which calls of any length give the same outputs as one call (causal TLB,
+    Transformer-XL with ``memory_mode="sliding"``, the LSTM): a one-token call then computes exactly
+    what a pass over the whole prefix would (docs/lm.md).
+    """
+
+    def __init__(self, backbone: nn.Module, dim: int, vocab_size: int, reconstruction: float = 0.0):
+        super().__init__(backbone, dim, vocab_size, vocab_size=vocab_size, reconstruction=reconstruction)
+
+    def _check_streaming(self, what: str) -> None:
+        if getattr(self.backbone, "causal", True) is not True:
+            raise ValueError(f"{what} needs a causal backbone, got {type(self.backbone).__name__} with causal=False")
+        if getattr(getattr(self.backbone, "config", None), "memory_mode", "sliding") != "sliding":
+            raise ValueError(f"{what} needs calls of any length to equal one call: give TransformerXL "
+                             "memory_mode='sliding' (with 'segment' a query's span depends on where calls are cut)")
+        if self.backbone.init_state(1, self.embed.weight.device) is None:
+            raise ValueError(f"{what} carries the backbone's state, but {type(self.backbone).__name__} keeps none")
+
+    @torch.no_grad()
+    def evaluate_stream(self, tokens: Tensor, segment_len: int = 512, streams: int = 1) -> dict[str, float]:
+        """Mean next-token cross-entropy over a whole text, streamed with the state.
+
+        ``tokens [T]`` (long or uint8) is cut into ``streams`` contiguous pieces read side by side as a
+        batch (the last one padded and masked at its end), each fed in calls of ``segment_len`` tokens
+        with the state carried from call to call; every token after the first of its piece is
+        predicted once. ``streams=1`` is the plain left-to-right evaluation; more streams are faster
+        and lose only the context before each piece's start. Returns ``{"loss": nats per token,
+        "bits_per_token": loss / ln 2, "tokens": predictions counted}``."""
+        self._check_streaming("evaluate_stream")
+        if not isinstance(tokens, Tensor) or tokens.dim() != 1:
+            raise ValueError(f"tokens must be a 1-D tensor of token ids, got "
+                             f"{tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__}")
+        for name, value in (("segment_len", segment_len), ("streams", streams)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        per_stream = -(-len(tokens) // streams)  # ceil: every piece the same length, the last one padded
+        if per_stream < 2:
+            raise ValueError(f"tokens must hold at least 2 tokens per stream, got {len(tokens)} for {streams} streams")
+        device = self.embed.weight.device
+        padded = torch.zeros(streams * per_stream, dtype=torch.long, device=device)
+        padded[: len(tokens)] = tokens.to(device=device, dtype=torch.long)
+        valid = torch.arange(streams * per_stream, device=device) < len(tokens)
+        inputs, valid = padded.view(streams, per_stream), valid.view(streams, per_stream)
+        was_training = self.training
+        self.eval()
+        state, total, count = None, torch.zeros((), dtype=torch.float64, device=device), 0
+        for start in range(0, per_stream - 1, segment_len):
+            stop = min(per_stream - 1, start + segment_len)
+            mask = valid[:, start:stop]
+            logits, state = self(inputs[:, start:stop], state, None if bool(mask.all()) else mask)
+            targets, scored = inputs[:, start + 1 : stop + 1], valid[:, start + 1 : stop + 1]
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision: in float32
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+            total += loss[scored.flatten()].double().sum()
+            count += int(scored.sum())
+        self.train(was_training)
+        loss = float(total) / count
+        return {"loss": loss, "bits_per_token": loss / math.log(2), "tokens": count}
+
+    @torch.inference_mode()
+    def generate(self, prompt: bytes | Tensor | list[int], n: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+        """The ``n`` tokens that follow ``prompt`` (bytes or token ids), as a 1-D long tensor.
+
+        The prompt is read in one call; each new token is then one call of one token with the state
+        carried (no recomputation of the context). ``temperature=0`` is greedy decoding (argmax);
+        otherwise tokens are sampled from ``softmax(logits / temperature)`` restricted to the
+        ``top_k`` most likely (None: all), with ``generator`` (on the model's device) if given."""
+        self._check_streaming("generate")
+        if isinstance(prompt, (bytes, bytearray)):
+            prompt = list(prompt)
+        prompt = torch.as_tensor(prompt, dtype=torch.long, device=self.embed.weight.device)
+        if prompt.dim() != 1 or len(prompt) == 0:
+            raise ValueError(f"prompt must be a non-empty 1-D sequence of token ids, got shape {tuple(prompt.shape)}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0 (0: greedy), got {temperature!r}")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                                  or not 1 <= top_k <= self.vocab_size):
+            raise ValueError(f"top_k must be an int in [1, vocab_size={self.vocab_size}] or None, got {top_k!r}")
+        was_training = self.training
+        self.eval()
+        logits, state = self(prompt[None], None)
+        out = torch.empty(n, dtype=torch.long, device=prompt.device)
+        for i in range(n):
+            last = logits[0, -1].float()
+            if temperature == 0:
+                token = last.argmax()
+            else:
+                last = last / temperature
+                if top_k is not None:
+                    kth = last.topk(top_k).values[-1]
+                    last = last.masked_fill(last < kth, -math.inf)
+                token = torch.multinomial(last.softmax(-1), 1, generator=generator)[0]
+            out[i] = token
+            if i + 1 < n:
+                logits, state = self(token.view(1, 1), state)
+        self.train(was_training)
+        return out
 
 
 class Classifier(_Head):
@@ -238,7 +341,9 @@ def build_model(
                          f"classification task, got task.kind={task.kind!r}")
     if task.kind == "tag":
         return Tagger(backbone, dim, task.num_classes, **inputs)
-    raise ValueError(f"task.kind must be 'tag' or 'classify', got {task.kind!r}")
+    if task.kind == "lm":  # next-token prediction over the input vocabulary (chronomem.tasks.text)
+        return CausalLM(backbone, dim, task.vocab_size, reconstruction=reconstruction)
+    raise ValueError(f"task.kind must be 'tag', 'classify' or 'lm', got {task.kind!r}")
 
 
 class ActorCritic(nn.Module):

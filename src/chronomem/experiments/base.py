@@ -22,6 +22,7 @@ models to ``chronomem run tour`` (about a minute per model on a 2-core CPU).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -112,14 +113,16 @@ def select_models(available, models=None, experiment: str = "this experiment") -
 
 
 def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0, models=None,
-                   progress: bool = True, time_budget: float | None = None) -> dict:
+                   progress: bool = True, time_budget: float | None = None, data_dir: str | None = None) -> dict:
     """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs.
 
     ``progress``: every training run (each model and seed) shows its progress on stderr and ends with a
     summary line (``chronomem.train.progress``), whatever its own ``TrainConfig.progress``.
     ``time_budget``: seconds of training per model (an equal wall-clock comparison); each model stops at
     the budget or at its scale's step count, whichever comes first. None (the default): step counts
-    only, so the same seed gives the same metrics on any machine."""
+    only, so the same seed gives the same metrics on any machine. ``data_dir``: where an experiment
+    that reads data files (``lm``: enwik8) finds them; an experiment whose ``run`` takes no
+    ``data_dir`` rejects it."""
     from chronomem.train.progress import reporting
 
     if scale not in experiment.scales:
@@ -127,6 +130,11 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
                                     or not (time_budget > 0 and math.isfinite(time_budget))):
         raise ValueError(f"time_budget must be a positive number of seconds or None, got {time_budget!r}")
+    options = {}
+    if data_dir is not None:
+        if "data_dir" not in inspect.signature(experiment.run).parameters:
+            raise ValueError(f"data_dir (--data-dir): {experiment.name} reads no data files, got {str(data_dir)!r}")
+        options["data_dir"] = str(data_dir)
     out = Path(out)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -134,7 +142,7 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     try:
         with reporting(progress, label=experiment.name):
             produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models),
-                                      time_budget=time_budget)
+                                      time_budget=time_budget, **options)
     except Exception:
         if created and not any(out.iterdir()):  # e.g. an unknown --models name: leave no empty directory
             out.rmdir()

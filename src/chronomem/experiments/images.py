@@ -142,7 +142,7 @@ def paper_table(s: ImageScale) -> dict:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None) -> dict:
+         time_budget: float | None = None, data_dir: str | None = None) -> dict:
     s = SCALES[scale]
     rows = select_models(MODELS, models, "resolution-transfer")
     several = len(s.datasets) > 1
@@ -150,7 +150,7 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     extra: dict = {"per_seed": {}, "runs": {}, "paper_cifar10": with_kept(PAPER_CIFAR10)}
     tasks = {}
     for dataset, batch in s.datasets:
-        task = ImageTask(dataset=dataset, resolution=s.resolution, patch_size=s.patch_size)
+        task = ImageTask(dataset=dataset, resolution=s.resolution, patch_size=s.patch_size, data_dir=data_dir)
         tasks[dataset] = task.describe()
         others = {f"{k}x": task.with_resolution(s.resolution * k) for k in s.factors if k != 1}
         for row in rows:

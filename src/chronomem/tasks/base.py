@@ -1,10 +1,12 @@
 """What a task is: a source of batches plus the facts a head and a trainer need about them.
 
-Tasks hold data only; they never import models. Two kinds:
+Tasks hold data only; they never import models. The kinds:
 
 * ``kind="tag"``: one target per step (Copy, Denoise). ``targets [B, N]``; the loss counts where
   ``loss_mask`` is True and accuracy where ``score_mask`` is True (e.g. the last 10 outputs of Copy).
 * ``kind="classify"``: one target per sequence (ListOps, supervised Ballet). ``targets [B]``.
+* ``kind="lm"``: next-token prediction (``chronomem.tasks.text``): one target per step, the next input
+  token; trained and scored like ``"tag"``, with the ``CausalLM`` head.
 
 Inputs are tokens (``inputs [B, N]`` long, ``vocab_size`` set) or features (``inputs [B, N, F]``
 float, ``input_dim`` set). ``mask [B, N]`` marks valid input positions (``None`` = all valid).
