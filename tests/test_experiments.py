@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from chronomem.experiments import base, htm, listops, relevance, tour
+from chronomem.experiments import babyai, base, htm, listops, relevance, tour
 from chronomem.experiments import copy_baselines as copy
 from chronomem.experiments.base import Experiment, Scale, comparison_table, plot_results, run_experiment
 from chronomem.registry import EXPERIMENTS, get_experiment
@@ -15,6 +15,7 @@ from chronomem.registry import EXPERIMENTS, get_experiment
 ALL_SCALES = {
     "copy-baselines": copy.SCALES, "ballet": htm.BALLET_SCALES, "pai": htm.PAI_SCALES, "listops": listops.SCALES,
     "transfer-copy": relevance.TRANSFER_SCALES, "denoise": relevance.DENOISE_SCALES,
+    "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES,
 }
 FAST = ("copy-baselines", "ballet", "pai", "listops")  # smoke runs of about a second each
 
