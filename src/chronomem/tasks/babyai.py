@@ -7,9 +7,11 @@
 * ``load_demos(level, count, seed, cache_dir)`` caches them in ``cache_dir`` as one ``.npz`` per
   (level, first seed, count): arrays only (uint8 observations, actions and mission tokens, int32
   lengths, int64 seeds), read with ``allow_pickle=False``; a second call reads the file.
-* ``BabyAIDemos`` (task ``"babyai"``) is a per-step action tagger for the supervised trainer: a
-  step's input is the observation the bot acted on (the 7x7x3 view, the direction and the mission
-  tokens, ``step_features``), its target the bot's action.
+* ``BabyAIDemos`` is a per-step action tagger for the supervised trainer: a step's input is the
+  observation the bot acted on (the 7x7x3 view, the direction and the mission tokens,
+  ``step_features``), its target the bot's action. Its inputs are integer ids, read by
+  ``chronomem.heads.InstructedPolicy`` (not by the generic heads of ``chronomem train``), so it is
+  not a registered task: the experiments ``babyai`` and ``babyai-multi`` build it.
 
 Levels (``LEVELS``): the paper's names -> minigrid 3.2 ids. minigrid 3.2 has no ``BabyAI-PutNext-v0``:
 the paper's PutNext is ``BabyAI-PutNextS7N4-v0`` (the largest of BabyAI's PutNext levels: 7x7 rooms,
@@ -33,7 +35,6 @@ import numpy as np
 import torch
 
 from chronomem.layers import check_positive
-from chronomem.registry import register_task
 from chronomem.tasks.base import Batch, Task
 
 LEVELS: dict[str, str] = {
@@ -310,14 +311,6 @@ class BabyAIDemos(Task):
     def describe(self) -> dict:
         return {"name": self.name, "levels": list(self.levels), "episodes": [len(d) for d in self.demos],
                 "held_out": self.held_out}
-
-
-@register_task("babyai")
-def babyai_task(level: str = "GoToLocal", count: int = 64, seed: int = 0, cache_dir: str | None = None,
-                held_out: int = 8, workers: int = 1) -> BabyAIDemos:
-    """Task ``"babyai"``: ``count`` bot demos of ``level`` (``load_demos``), ``held_out`` of them for
-    the action accuracy of evaluations."""
-    return BabyAIDemos(load_demos(level, count, seed, cache_dir, workers), held_out)
 
 
 __all__ = ["LEVELS", "MULTI_TASK", "BabyAIDemos", "Demos", "generate_demos", "load_demos",
