@@ -220,10 +220,20 @@ def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, *, sca
     config = {"scale": dataclasses.asdict(s), "levels": {level: LEVELS[level] for level in s.levels},
               "models": {m: model_options(m, s) for m in chosen}, "eval_seed": EVAL_SEED,
               "demo_cache": str(cache_dir())}
-    extra = {"claim": CLAIM, "curves": curves, "runs": rows, "plot": "success.png",
+    extra = {"claim": CLAIM, "claim_check": claim_check(curves), "curves": curves, "runs": rows,
+             "plot": "success.png",
              "demos": {"episodes": task.describe()["episodes"], "failures": [d.failures for d in task.demos],
                        "seconds_to_load_or_generate": round(demo_seconds, 1)}}
     return {"results": results, "paper": {}, "config": config, "extra": extra}
+
+
+def claim_check(curves: dict[str, list[dict]]) -> dict[str, Any] | None:
+    """The issue's reading of the claim at our scale: TLB's mean success at or above the Transformer's at
+    every evaluation step (None unless both ran); the differences in percentage points."""
+    if not {"transformer", "tlb"} <= set(curves):
+        return None
+    gaps = [round(100 * (t["mean"] - r["mean"]), 1) for t, r in zip(curves["tlb"], curves["transformer"], strict=True)]
+    return {"tlb_minus_transformer_points": gaps, "tlb_at_or_above_at_every_step": all(g >= 0 for g in gaps)}
 
 
 def mean_curve(curves: list[list[dict]]) -> list[dict]:
