@@ -247,13 +247,15 @@ class Replay(torch.nn.Module):
 
 
 def test_success_rate_counts_episodes_that_reach_the_goal():
-    from chronomem.experiments.babyai import success_rate
+    from chronomem.experiments.babyai import RandomPolicy, success_rate
 
     bot = generate_demos(LEVEL, 4, seed=500)
     actions = [bot.episode(i)["action"] for i in range(4)]
     assert success_rate(Replay(actions), LEVEL, 4, seed=500) == 1.0
     assert success_rate(Replay(actions[:2] + [np.zeros(0), np.zeros(0)]), LEVEL, 4, seed=500) == 0.5  # turn left
     assert success_rate(Replay(actions), LEVEL, 4, seed=500, max_steps=1) == 0.0  # cut before the goal
+    rates = [success_rate(RandomPolicy(seed), LEVEL, 8, seed=500) for seed in (3, 3)]
+    assert rates[0] == rates[1] and 0.0 <= rates[0] <= 1.0  # the reference: seeded, repeatable
 
 
 # ---- the experiments ------------------------------------------------------------------------------
@@ -283,6 +285,8 @@ def test_experiment_smoke_run(tmp_path, monkeypatch, name):
     gaps = first["extra"]["claim_check"]["tlb_minus_transformer_points"]
     means = [first["extra"]["curves"][m] for m in ("tlb", "transformer")]
     assert gaps == [pytest.approx(100 * (t["mean"] - r["mean"]), abs=0.06) for t, r in zip(*means, strict=True)]
+    random = first["extra"]["random_policy"]
+    assert set(random["success"]) == set(scale.levels) and 0.0 <= random["mean"] <= 1.0
     assert (tmp_path / "0" / "success.png").stat().st_size > 0
     report = (tmp_path / "0" / "report.md").read_text()
     assert "converges faster" in report and "Fig. 3" in report

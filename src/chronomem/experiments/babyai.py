@@ -122,7 +122,8 @@ def success_rate(policy, level: str, episodes: int, seed: int = EVAL_SEED, max_s
     try:
         features = np.stack([step_features(quiet_reset(env, seed + i)[0]) for i, env in enumerate(envs)])
         running, success = np.ones(episodes, bool), np.zeros(episodes, bool)
-        device = next(policy.parameters()).device
+        first = next(iter(policy.parameters()), None)
+        device = torch.device("cpu") if first is None else first.device
         was_training = policy.training
         policy.eval()
         state, steps = policy.initial_state(episodes, device), 0
@@ -141,6 +142,37 @@ def success_rate(policy, level: str, episodes: int, seed: int = EVAL_SEED, max_s
         for env in envs:
             env.close()
     return float(success.mean())
+
+
+class RandomPolicy:
+    """The reference of the success rates: an action drawn uniformly at every step. Its state is the
+    random generator (seeded by ``seed``), carried like a model's."""
+
+    training = False
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def parameters(self):
+        return iter(())
+
+    def train(self, mode: bool = True):
+        return self
+
+    def eval(self):
+        return self
+
+    def initial_state(self, batch_size: int, device=None):
+        import torch
+
+        return torch.Generator().manual_seed(self.seed)
+
+    def step(self, features, generator):
+        import torch
+
+        from chronomem.tasks.babyai import NUM_ACTIONS
+
+        return torch.rand(features.shape[0], NUM_ACTIONS, generator=generator), generator
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,13 +247,16 @@ def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, *, sca
     else:
         rows = [run_job(job) for job in jobs]
     curves = {m: mean_curve([r["curve"] for r in rows if r["model"] == m]) for m in chosen}
-    plot_success(curves, Path(out) / "success.png", f"{name} ({scale}): {', '.join(s.levels)}")
+    random = {level: success_rate(RandomPolicy(seed), level, s.episodes, EVAL_SEED, s.eval_max_steps)
+              for level in s.levels}
+    random_mean = round(float(np.mean(list(random.values()))), 4)
+    plot_success(curves, Path(out) / "success.png", f"{name} ({scale}): {', '.join(s.levels)}", random_mean)
     results = {m: {f"step {p['step']}": round(100 * p["mean"], 1) for p in curves[m]} for m in chosen}
     config = {"scale": dataclasses.asdict(s), "levels": {level: LEVELS[level] for level in s.levels},
               "models": {m: model_options(m, s) for m in chosen}, "eval_seed": EVAL_SEED,
               "demo_cache": str(cache_dir())}
     extra = {"claim": CLAIM, "claim_check": claim_check(curves), "curves": curves, "runs": rows,
-             "plot": "success.png",
+             "random_policy": {"success": random, "mean": random_mean}, "plot": "success.png",
              "demos": {"episodes": task.describe()["episodes"], "failures": [d.failures for d in task.demos],
                        "seconds_to_load_or_generate": round(demo_seconds, 1)}}
     return {"results": results, "paper": {}, "config": config, "extra": extra}
@@ -247,9 +282,10 @@ def mean_curve(curves: list[list[dict]]) -> list[dict]:
     return points
 
 
-def plot_success(curves: dict[str, list[dict]], path: Path, title: str) -> None:
+def plot_success(curves: dict[str, list[dict]], path: Path, title: str, random: float | None = None) -> None:
     """Success rate (%) against training steps (demos seen on the top axis): the mean over seeds, a band
-    from the lowest to the highest seed, and the paper's claim under the plot."""
+    from the lowest to the highest seed, a random policy's success (dashed) and the paper's claim under
+    the plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,6 +298,8 @@ def plot_success(curves: dict[str, list[dict]], path: Path, title: str) -> None:
         steps = [p["step"] for p in points]
         ax.plot(steps, [100 * p["mean"] for p in points], marker=".", label=model)
         ax.fill_between(steps, [100 * p["min"] for p in points], [100 * p["max"] for p in points], alpha=0.2)
+    if random is not None:
+        ax.axhline(100 * random, color="grey", linestyle="--", linewidth=1, label="random policy")
     ax.set_xlabel("training steps")
     ax.set_ylabel("success rate (%)")
     ax.set_ylim(0, 100)
@@ -271,7 +309,7 @@ def plot_success(curves: dict[str, list[dict]], path: Path, title: str) -> None:
         top = ax.secondary_xaxis("top", functions=(lambda x: x * per_step, lambda x: x / per_step))
         top.set_xlabel("demos seen")
     ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.text(0.01, 0.01, CLAIM, fontsize=6, wrap=True)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=100)
