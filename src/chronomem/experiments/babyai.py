@@ -63,7 +63,7 @@ def _scales(levels: tuple[str, ...], quick_levels: tuple[str, ...], quick_episod
     smoke = BabyAIScale(levels=("GoToObj", "GoToLocal") if multi else ("GoToLocal",), demos=12, held_out=2,
                         steps=4, batch_size=4, lr=1e-3, eval_examples=2, eval_every=2, episodes=3, seeds=2,
                         workers=1, dim=16, depth=2, num_heads=2, chunk_size=4, num_state=2, eval_max_steps=8)
-    # Sized by measurement (docs/babyai.md, "Sizing quick"): about 70 minutes on 2 cores.
+    # Sized by measurement (docs/babyai.md, "Sizing quick"): about 75 minutes on 2 cores.
     quick = BabyAIScale(levels=quick_levels, demos=3000 // len(quick_levels), held_out=50 // len(quick_levels) + 1,
                         steps=2000, batch_size=16, lr=5e-4, warmup=100, eval_examples=50, eval_every=400,
                         episodes=quick_episodes, seeds=3, workers=2, dim=64, depth=2)
