@@ -254,6 +254,8 @@ def test_success_rate_counts_episodes_that_reach_the_goal():
     assert success_rate(Replay(actions), LEVEL, 4, seed=500) == 1.0
     assert success_rate(Replay(actions[:2] + [np.zeros(0), np.zeros(0)]), LEVEL, 4, seed=500) == 0.5  # turn left
     assert success_rate(Replay(actions), LEVEL, 4, seed=500, max_steps=1) == 0.0  # cut before the goal
+    with pytest.raises(ValueError, match="episodes"):
+        success_rate(Replay(actions), LEVEL, 0)
     rates = [success_rate(RandomPolicy(seed), LEVEL, 8, seed=500) for seed in (3, 3)]
     assert rates[0] == rates[1] and 0.0 <= rates[0] <= 1.0  # the reference: seeded, repeatable
 
