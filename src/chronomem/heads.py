@@ -16,6 +16,10 @@ backbone's output, features with a sigmoid cross-entropy averaged over features 
 loss; features must lie in [0, 1]) and tokens with a softmax cross-entropy. In training mode each
 forward stores ``w * loss`` in ``head.auxiliary_loss`` and the trainer adds it to the task loss; in
 eval mode (and with ``w = 0``) it is None.
+
+Agents: ``ActorCritic`` (PPO) and ``InstructedPolicy`` (behaviour cloning on BabyAI, paper 003
+Sec. 4.2: the instruction as one token before the states or at the start of every chunk; acts one
+step at a time with the outputs of the whole-episode forward).
 """
 
 from __future__ import annotations
