@@ -20,18 +20,30 @@ backbone's output, features with a sigmoid cross-entropy averaged over features 
 loss; features must lie in [0, 1]) and tokens with a softmax cross-entropy. In training mode each
 forward stores ``w * loss`` in ``head.auxiliary_loss`` and the trainer adds it to the task loss; in
 eval mode (and with ``w = 0``) it is None.
+
+Agents: ``ActorCritic`` (PPO) and ``InstructedPolicy`` (behaviour cloning on BabyAI, paper 003
+Sec. 4.2: the instruction as one token before the states or at the start of every chunk; acts one
+step at a time with the outputs of the whole-episode forward).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from chronomem.encoders import PatchEncoder
-from chronomem.layers import check_tensor, check_token_ids, masked_mean, parameter_dtype
+from chronomem.layers import (
+    check_positive,
+    check_tensor,
+    check_token_ids,
+    masked_mean,
+    parameter_dtype,
+    sinusoid_from_positions,
+)
 
 
 class _Head(nn.Module):
@@ -408,3 +420,160 @@ class ActorCritic(nn.Module):
             loss = self.decoder(y, *self.encoder.reconstruction_targets(obs)).mean()  # every step of the call
             self.auxiliary_loss, self.reconstruction_loss = self.reconstruction * loss, loss.detach()
         return self.actor(y), self.critic(y).squeeze(-1), state
+
+
+class InstructedPolicy(nn.Module):
+    """Behaviour cloning with an instruction (paper 003 Sec. 4.2, BabyAI): ``logits [B, N, num_actions],
+    None = policy(inputs, mask=mask)`` over whole episodes, ``logits [B, num_actions], state =
+    policy.step(features [B, F], state)`` one step at a time (acting), with equal outputs.
+
+    A step's ``inputs`` are ``chronomem.tasks.babyai.step_features``: the 7x7x3 view, the direction and
+    the mission's token ids (uint8). The view and direction go through the ``MiniGridEncoder``
+    (without its mission bag of words); the instruction becomes one token of width ``dim``: a GRU over
+    its word embeddings (BabyAI's own agent reads its instruction with a GRU), its last output. Where
+    the instruction token goes (the paper: "For the baseline Transformer model, we append the language
+    instruction to the sequence of states [...] For the proposed model, the language instruction is
+    appended to each chunk"):
+
+    * ``placement="sequence"`` (Transformer): ``[instruction, s_0, s_1, ...]``; every state attends to it
+      at every layer.
+    * ``placement="chunk"`` (TLB, ``core.chunk_size = K``): every chunk is ``[instruction, K - 1 states]``,
+      so each chunk attends to it.
+
+    Deviation: one instruction token (the GRU's summary), not one token per word. The core must be
+    causal; a stateless core (the Transformer) acts with a cache of each layer's keys and values, so a
+    step costs O(t), not a recomputation of the episode. ``step`` moves every row one step forward from
+    the start of its episode together (a batch of fresh episodes, as the evaluation plays them).
+    """
+
+    PLACEMENTS = ("sequence", "chunk")
+
+    def __init__(self, core: nn.Module, dim: int, num_actions: int, vocab_size: int, max_words: int,
+                 placement: str = "sequence", view: int = 7):
+        super().__init__()
+        from chronomem.encoders import MiniGridEncoder
+
+        if placement not in self.PLACEMENTS:
+            raise ValueError(f"placement must be one of {self.PLACEMENTS}, got {placement!r}")
+        if not getattr(core, "causal", False):
+            raise ValueError(f"the core must be causal (an agent acts on the past only), got {type(core).__name__} "
+                             f"with causal={getattr(core, 'causal', None)}")
+        self.placement = placement
+        if placement == "chunk":
+            chunk = getattr(core, "chunk_size", None)
+            if not isinstance(chunk, int) or chunk < 2:
+                raise ValueError(f"placement='chunk' needs a chunked core with chunk_size >= 2 (the instruction and "
+                                 f"at least one state), got chunk_size={chunk!r}")
+            self.period = chunk - 1  # states per chunk
+        self.core, self.dim, self.view = core, dim, view
+        self.max_words = check_positive(max_words, "max_words")
+        self.image_features = view * view * 3
+        self.encoder = MiniGridEncoder(dim, vocab_size=1, max_words=1, view=view, mission=False)
+        self.words = nn.Embedding(vocab_size, dim, padding_idx=0)
+        self.instruction_rnn = nn.GRU(dim, dim, batch_first=True)
+        self.norm = nn.LayerNorm(getattr(core, "out_dim", dim))
+        self.out = nn.Linear(getattr(core, "out_dim", dim), num_actions)
+
+    # ---- inputs ---------------------------------------------------------------------------------
+
+    def states(self, inputs: Tensor) -> Tensor:
+        """``[B, N, dim]`` embedded view and direction of every step of ``inputs [B, N, F]``."""
+        width = self.image_features + 1 + self.max_words
+        if not isinstance(inputs, Tensor) or inputs.dim() != 3 or inputs.shape[-1] != width:
+            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
+            raise ValueError(f"inputs must be step features [B, N, {width}] (view, direction, mission), got {shape}")
+        if inputs.is_floating_point():
+            raise TypeError(f"inputs must be integer step features (uint8), got dtype {inputs.dtype}")
+        image = inputs[..., :self.image_features].long().unflatten(-1, (self.view, self.view, 3))
+        return self.encoder({"image": image, "direction": inputs[..., self.image_features].long()})
+
+    def instruction(self, mission: Tensor) -> Tensor:
+        """``[B, dim]``: the GRU's output after the last word of ``mission [B, max_words]`` (token ids, 0 pads)."""
+        mission = mission.long()
+        out, _ = self.instruction_rnn(self.words(mission))
+        last = (mission != 0).long().sum(1).clamp_min(1) - 1
+        return out[torch.arange(mission.shape[0], device=out.device), last]
+
+    # ---- whole episodes (training) ----------------------------------------------------------------
+
+    def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
+        if state is not None:
+            raise TypeError("the whole-episode forward starts every row at its episode's start: state must be None "
+                            "(act one step at a time with step())")
+        s = self.states(inputs)
+        batch, n, dim = s.shape
+        valid = torch.ones(batch, n, dtype=torch.bool, device=s.device) if mask is None else mask
+        token = self.instruction(inputs[:, 0, self.image_features + 1:])[:, None]  # the episode's mission
+        if self.placement == "sequence":
+            x = torch.cat([token, s], 1)
+            y, _ = self.core(x, mask=torch.cat([valid[:, :1], valid], 1))
+            return self.out(self.norm(y[:, 1:])), None
+        p = self.period
+        chunks = -(-n // p)
+        pad = chunks * p - n
+        s = F.pad(s, (0, 0, 0, pad)).view(batch, chunks, p, dim)
+        valid = F.pad(valid, (0, pad)).view(batch, chunks, p)
+        x = torch.cat([token[:, None].expand(batch, chunks, 1, dim), s], 2).flatten(1, 2)
+        m = torch.cat([valid[..., :1], valid], 2).flatten(1, 2)  # a chunk's instruction is valid with its states
+        y, _ = self.core(x, mask=m)
+        y = y.view(batch, chunks, p + 1, -1)[:, :, 1:].flatten(1, 2)[:, :n]
+        return self.out(self.norm(y)), None
+
+    # ---- one step at a time (acting) --------------------------------------------------------------
+
+    def initial_state(self, batch_size: int, device=None) -> PolicyState:
+        core_state = self.core.init_state(batch_size, device)
+        return PolicyState(steps=0, instruction=None, core=core_state, cache=None)
+
+    def step(self, features: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
+        """The logits ``[B, num_actions]`` of one step's ``features [B, F]`` and the next state."""
+        if not isinstance(state, PolicyState):
+            raise TypeError(f"state must be a PolicyState (policy.initial_state(batch)), got {type(state).__name__}")
+        inputs = features[:, None]
+        s = self.states(inputs)
+        token = state.instruction
+        if token is None:  # the first step: read the mission
+            token = self.instruction(inputs[:, 0, self.image_features + 1:])
+        opens = state.steps == 0 if self.placement == "sequence" else state.steps % self.period == 0
+        x = torch.cat([token[:, None], s], 1) if opens else s
+        if state.core is None:  # a stateless core: its keys and values so far
+            y, cache = transformer_step(self.core, x, state.cache)
+            core_state = None
+        else:
+            y, core_state = self.core(x, state=state.core)
+            cache = None
+        logits = self.out(self.norm(y[:, -1]))
+        return logits, PolicyState(state.steps + 1, token, core_state, cache)
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """``InstructedPolicy``'s state while acting: ``steps`` taken (every row alike), the instruction
+    token ``[B, dim]`` (None before the first step), the core's state, and for a stateless core the
+    ``cache``: per layer ``(keys, values)`` of every token so far."""
+
+    steps: int
+    instruction: Tensor | None
+    core: object
+    cache: tuple | None
+
+
+def transformer_step(core: nn.Module, x: Tensor, cache: tuple | None) -> tuple[Tensor, tuple]:
+    """The causal ``chronomem.baselines.Transformer`` on the new tokens ``x [B, n, dim]`` after the tokens
+    whose keys and values are in ``cache`` (per layer ``(k, v)``, or None at the start): the outputs at
+    ``x``'s positions equal those of one call on the whole sequence. What the Transformer computes,
+    with each layer's keys and values kept (its forward keeps none between calls)."""
+    past = 0 if cache is None else cache[0][0].shape[-2]
+    pos = torch.arange(past, past + x.shape[1], device=x.device)
+    h = x + sinusoid_from_positions(pos, x.shape[-1]).to(x.dtype)
+    layers = []
+    for i, block in enumerate(core.blocks):
+        attn = block.attn
+        normed = block.norm_attn(h)
+        k, v = attn.heads_kv(normed)
+        if cache is not None:
+            k, v = torch.cat([cache[i][0], k], -2), torch.cat([cache[i][1], v], -2)
+        layers.append((k, v))
+        h = h + attn.attend(attn.heads_q(normed), k, v, causal=True)
+        h = h + block.ff(block.norm_ff(h))
+    return core.norm(h), tuple(layers)
