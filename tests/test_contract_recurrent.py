@@ -134,3 +134,25 @@ def test_bad_done(name):
         core(x, done=done[:, :-1])
     with pytest.raises(ValueError, match="done"):
         core(x, done=done[:, None])
+
+
+@pytest.mark.parametrize("name", ["mem-rnn", "mem-lstm"])
+def test_mem_state_spans_the_current_episodes_only(name):
+    """Streamed one step at a time over many episodes, the memory keeps at most the longest current
+    episode's slots (it does not grow with the stream), and every output equals its episode run alone."""
+    core = make(name)
+    x = torch.randn(2, 40, DIM, generator=torch.Generator().manual_seed(8), dtype=torch.double)
+    done = torch.zeros(2, 40, dtype=torch.bool)
+    done[0, 4::5] = True  # row 0: episodes of 5 steps; row 1: of 8 steps
+    done[1, 7::8] = True
+    state, since_reset = None, torch.zeros(2, dtype=torch.long)
+    with torch.no_grad():
+        for t in range(40):
+            y, state = core(x[:, t : t + 1], state, done=done[:, t : t + 1])
+            since_reset = torch.where(done[:, t], 0, since_reset + 1)
+            # each row's current episode fills the last since_reset[b] slots; nothing older is kept
+            assert state.memory.shape[1] == int(since_reset.max())
+            for b, length in ((0, 5), (1, 8)):
+                start = t - t % length
+                alone, _ = core(x[b : b + 1, start : t + 1])
+                torch.testing.assert_close(y[b, 0], alone[0, -1], atol=1e-12, rtol=0)

@@ -39,7 +39,7 @@ tensor: a step drops slot 0 and appends h_t), slots ``nu..`` the relevant set. `
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -97,7 +97,8 @@ class RelevanceState(RecurrentState):
 
 @dataclass(frozen=True)
 class MemState(RecurrentState):
-    """State of ``MemRNN`` / ``MemLSTM``: every past state (``memory``/``keys`` grow by one per step)."""
+    """State of ``MemRNN`` / ``MemLSTM``: the past states of the current episodes (``memory``/``keys``
+    grow by one per step; ``compact`` drops the slots of ended episodes)."""
 
     s: Tensor
     c: Tensor | None
@@ -105,6 +106,17 @@ class MemState(RecurrentState):
     keys: Tensor  # [B, N, H]
     valid: Tensor  # [B, N]
     steps: Tensor  # [B]
+
+    def compact(self) -> MemState:
+        """The state without the slots empty in every row (ended episodes, padding), which no query
+        attends to: the memory spans the batch's longest current episode, not the whole stream."""
+        filled = self.valid.any(0)
+        if bool(filled.all()):
+            return self
+        return replace(self, memory=self.memory[:, filled], keys=self.keys[:, filled], valid=self.valid[:, filled])
+
+    def reset(self, done: Tensor) -> MemState:
+        return super().reset(done).compact()
 
 
 # ============================================================================================
@@ -381,6 +393,8 @@ class MemRNN(_AttentiveRecurrence):
     Same equations as ``RelevanceRNN`` with M_t = {h_1, ..., h_t}. O(T) stored states, O(T^2) compute
     (and O(T^2) saved activations when training). ``buffer_size``/``relevant_size`` are ignored.
     ``mask`` and ``done`` as in ``RelevanceRNN``: after a done every stored slot of the row is emptied.
+    The returned state keeps only the slots filled in some row, so across calls the memory is as long
+    as the longest current episode of the batch (plus padding inside it), not the whole stream.
     """
 
     screened = False
@@ -446,7 +460,7 @@ class MemRNN(_AttentiveRecurrence):
                 s, steps = clear_rows(s, d), clear_rows(steps, d)
                 c = None if c is None else clear_rows(c, d)
         memory, keys = mk.split(self.hidden_size, -1)
-        return torch.stack(outputs, 1), MemState(s, c, memory, keys, valid, steps)
+        return torch.stack(outputs, 1), MemState(s, c, memory, keys, valid, steps).compact()
 
 
 class MemLSTM(MemRNN):
