@@ -580,3 +580,19 @@ def test_bad_construction():
     xl = _xl(mem_len=3)
     with pytest.raises(ValueError, match="state.memory"):
         _xl(mem_len=4)(torch.randn(2, 4, 16), xl.init_state(2))
+
+
+@pytest.mark.parametrize("positions", [True, False])
+def test_transformer_step_with_its_cache_equals_one_call(positions):
+    """Decoding with the key/value cache, in pieces of 1-3 tokens, gives the outputs of one causal call."""
+    torch.manual_seed(0)
+    model = Transformer(dim=16, depth=2, num_heads=2, causal=True, positions=positions).double().eval()
+    x = torch.randn(2, 9, 16, dtype=torch.double)
+    whole, _ = model(x)
+    cache, pieces = None, []
+    for start, stop in ((0, 1), (1, 4), (4, 5), (5, 7), (7, 9)):
+        y, cache = model.step(x[:, start:stop], cache)
+        pieces.append(y)
+    torch.testing.assert_close(torch.cat(pieces, 1), whole, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="causal=True"):
+        Transformer(dim=16, depth=1, num_heads=2, causal=False).step(x.float())

@@ -144,6 +144,31 @@ class Transformer(nn.Module):
             y = y.masked_fill(~mask[..., None], 0.0)
         return y, None
 
+    def step(self, x: Tensor, cache: tuple | None = None) -> tuple[Tensor, tuple]:
+        """Causal decoding: the outputs for the new tokens ``x [B, n, dim]`` that follow the tokens whose
+        keys and values are in ``cache`` (per layer ``(k, v)``; None at the start), and the grown cache.
+        The outputs equal those of one ``forward`` over the whole sequence (no mask), at O(t) per token
+        instead of a recomputation of the prefix."""
+        if not self.causal:
+            raise ValueError("step decodes causally: build the Transformer with causal=True")
+        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
+        past = 0 if cache is None else cache[0][0].shape[-2]
+        h = x
+        if self.config.positions:
+            pos = torch.arange(past, past + x.shape[1], device=x.device)
+            h = h + sinusoid_from_positions(pos, self.dim).to(x.dtype)
+        h = self.drop(h)
+        layers = []
+        for i, block in enumerate(self.blocks):
+            attn, normed = block.attn, block.norm_attn(h)
+            k, v = attn.heads_kv(normed)
+            if cache is not None:
+                k, v = torch.cat([cache[i][0], k], -2), torch.cat([cache[i][1], v], -2)
+            layers.append((k, v))
+            h = h + attn.attend(attn.heads_q(normed), k, v, causal=True)
+            h = h + block.ff(block.norm_ff(h))
+        return self.norm(h), tuple(layers)
+
 
 # ============================================================================================
 # Transformer-XL (Dai et al. 2019) and GTrXL (Parisotto et al. 2020)

@@ -42,7 +42,6 @@ from chronomem.layers import (
     check_token_ids,
     masked_mean,
     parameter_dtype,
-    sinusoid_from_positions,
 )
 
 
@@ -537,7 +536,7 @@ class InstructedPolicy(nn.Module):
         opens = state.steps == 0 if self.placement == "sequence" else state.steps % self.period == 0
         x = torch.cat([token[:, None], s], 1) if opens else s
         if state.core is None:  # a stateless core: its keys and values so far
-            y, cache = transformer_step(self.core, x, state.cache)
+            y, cache = self.core.step(x, state.cache)
             core_state = None
         else:
             y, core_state = self.core(x, state=state.core)
@@ -556,24 +555,3 @@ class PolicyState:
     instruction: Tensor | None
     core: object
     cache: tuple | None
-
-
-def transformer_step(core: nn.Module, x: Tensor, cache: tuple | None) -> tuple[Tensor, tuple]:
-    """The causal ``chronomem.baselines.Transformer`` on the new tokens ``x [B, n, dim]`` after the tokens
-    whose keys and values are in ``cache`` (per layer ``(k, v)``, or None at the start): the outputs at
-    ``x``'s positions equal those of one call on the whole sequence. What the Transformer computes,
-    with each layer's keys and values kept (its forward keeps none between calls)."""
-    past = 0 if cache is None else cache[0][0].shape[-2]
-    pos = torch.arange(past, past + x.shape[1], device=x.device)
-    h = x + sinusoid_from_positions(pos, x.shape[-1]).to(x.dtype)
-    layers = []
-    for i, block in enumerate(core.blocks):
-        attn = block.attn
-        normed = block.norm_attn(h)
-        k, v = attn.heads_kv(normed)
-        if cache is not None:
-            k, v = torch.cat([cache[i][0], k], -2), torch.cat([cache[i][1], v], -2)
-        layers.append((k, v))
-        h = h + attn.attend(attn.heads_q(normed), k, v, causal=True)
-        h = h + block.ff(block.norm_ff(h))
-    return core.norm(h), tuple(layers)
