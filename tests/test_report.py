@@ -79,3 +79,8 @@ def test_a_model_only_the_paper_has_gets_rows_for_the_settings_run(tmp_path):
     assert "| gru | RepeatPreviousEasy | — | 0.80 |" in page  # after our rows, ours empty
     assert page.index("| lstm |") < page.index("| gru |")
     assert "CountRecallHard" not in page  # a setting no run measured gets no row
+
+
+def test_a_run_that_averages_its_own_seeds_says_so(tmp_path):
+    write_run(tmp_path / "r", seed=4, results={"lstm": {"T=100": 30.0}}, config={"scale": {"seeds": 3}})
+    assert "| model | setting | seeds 4-6, mean | paper |" in results_page([tmp_path])

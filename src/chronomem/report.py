@@ -67,13 +67,20 @@ def _mean(values: list[Any]) -> Any:
     return sum(numbers) / len(numbers)
 
 
+def _column(run: dict[str, Any]) -> str:
+    """A run's column: its seed, or the seeds it averaged over itself (a scale with ``seeds`` > 1)."""
+    seed = run.get("seed", 0)
+    scale = run.get("config", {}).get("scale", {}) if isinstance(run.get("config"), dict) else {}
+    count = scale.get("seeds", 1) if isinstance(scale, dict) else 1
+    return f"seed {seed}" if not isinstance(count, int) or count <= 1 else f"seeds {seed}-{seed + count - 1}, mean"
+
+
 def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
     """The Markdown section of one (experiment, scale): one column per seed, the mean, the paper."""
     runs_and_sources = sorted(runs_and_sources, key=lambda pair: (pair[0].get("seed", 0), pair[1]))
     runs = [run for run, _ in runs_and_sources]
     sources = [source for _, source in runs_and_sources]
     first = runs[0]
-    seeds = [r.get("seed", 0) for r in runs]
     rows: list[tuple[str, str]] = []
     for run in runs:
         for model, settings in run["results"].items():
@@ -83,7 +90,7 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
     rows += [(model, s) for model, row in first["paper"].items() if model not in ours
              for s in row if s in settings_run]
     several = len(runs) > 1
-    head = ["model", "setting"] + [f"seed {s}" for s in seeds] + (["mean"] if several else []) + ["paper"]
+    head = ["model", "setting"] + [_column(r) for r in runs] + (["mean"] if several else []) + ["paper"]
     lines = [
         f"## {first['experiment']} — `{first['scale']}`",
         "",
