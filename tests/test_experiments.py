@@ -149,7 +149,7 @@ def test_comparison_table_of_one_experiment_has_a_column_per_setting():
     table = comparison_table({"lstm": {"T=100": 30.0, "T=200": "OOM"}}, {"lstm": {"T=100": 99.0}, "tlb": {"x": 1.0}})
     assert table.splitlines() == [
         "| model | T=100 | T=200 | x |", "|---|---|---|---|",
-        "| lstm | 30.0 (99.0) | OOM (—) | — (—) |", "| tlb | — (—) | — (—) | — (1.0) |"]
+        "| lstm | 30.0 (99.0) | OOM (—) | — (—) |", "| tlb | — (—) | — (—) | — (1.00) |"]
 
 
 def test_plot_grows_with_its_rows(tmp_path):

@@ -64,10 +64,12 @@ def test_bad_inputs_are_clear_errors(tmp_path):
         results_page([tmp_path])
 
 
-def test_values_below_one_keep_two_decimals(tmp_path):
-    write_run(tmp_path / "a", results={"lstm": {"return": 0.944, "steps": 1200}}, paper={"lstm": {"return": 0.91}})
+def test_values_below_ten_keep_two_decimals(tmp_path):
+    write_run(tmp_path / "a", results={"lstm": {"return": 0.944, "bpb": 2.154, "steps": 1200}},
+              paper={"lstm": {"return": 0.91, "bpb": 0.99}})
     page = results_page([tmp_path])
     assert "| lstm | return | 0.94 | 0.91 |" in page
+    assert "| lstm | bpb | 2.15 | 0.99 |" in page
     assert "| lstm | steps | 1200.0 | — |" in page
 
 

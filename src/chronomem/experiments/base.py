@@ -174,14 +174,14 @@ def finish(experiment: Experiment, scale: str, out: Path, produced: dict, second
 
 
 def format_value(value: Any) -> str:
-    """A table cell: accuracies in % with one decimal; values below 1 in magnitude (returns, MMER in
-    [-1, 1]) with two, so 0.94 does not read as 0.9."""
+    """A table cell: accuracies in % with one decimal; values below 10 in magnitude (returns and MMER
+    in [-1, 1], bits per byte) with two, so 0.94 does not read as 0.9 nor 2.15 as 2.2."""
     if value is None:
         return "—"
     if isinstance(value, float):
         if math.isnan(value):
             return "—"
-        return f"{value:.2f}" if abs(value) < 1 else f"{value:.1f}"
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
     return str(value)
 
 
