@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ IMAGE_FEATURES = VIEW * VIEW * 3
 STEP_FEATURES = IMAGE_FEATURES + 1 + MAX_WORDS
 
 CACHE_FORMAT = 1  # bumped when the arrays of a cache file change meaning
+DEMO_SHARE = 25  # seeds per task of the demo generators: small enough for a smooth progress line
 _ARRAYS = ("images", "directions", "actions", "missions", "lengths", "seeds", "format")
 
 
@@ -173,20 +175,34 @@ def _play(level: str, seeds: list[int]) -> Demos:
 
 def generate_demos(level: str, count: int, seed: int = 0, workers: int = 1) -> Demos:
     """The bot's successful episodes among seeds ``seed .. seed + count - 1`` of ``level``, played in
-    ``workers`` processes (each a contiguous share of the seeds, so the result does not depend on
-    ``workers``)."""
+    ``workers`` processes (in shares of ``DEMO_SHARE`` consecutive seeds, joined in seed order, so the
+    result does not depend on ``workers``). Shows its progress inside ``chronomem run`` (stderr)."""
+    from chronomem.train.progress import Progress, wanted
+
     check_positive(count, "count")
     check_positive(workers, "workers")
     level_id(level)
-    seeds = list(range(seed, seed + count))
-    shares = [part.tolist() for part in np.array_split(np.asarray(seeds), min(workers, count))]
-    if len(shares) == 1:
-        return _play(level, shares[0])
-    import multiprocessing
+    end = seed + count
+    shares = [list(range(first, min(first + DEMO_SHARE, end))) for first in range(seed, end, DEMO_SHARE)]
+    enabled, label = wanted(False)
+    name = f"{level} bot demos"
+    progress = Progress(count, 0, f"{label}: {name}" if label else name, enabled, unit="demo")
+    began, parts = time.monotonic(), []
+    with contextlib.ExitStack() as stack:
+        if workers > 1 and len(shares) > 1:
+            import multiprocessing
 
-    with ProcessPoolExecutor(len(shares), mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = list(pool.map(_play, [level] * len(shares), shares))
-    return Demos.concat(level, parts)
+            pool = stack.enter_context(ProcessPoolExecutor(min(workers, len(shares)),
+                                                           mp_context=multiprocessing.get_context("spawn")))
+            played = pool.map(_play, [level] * len(shares), shares)  # results in order, as they complete
+        else:
+            played = (_play(level, share) for share in shares)
+        for share, part in zip(shares, played, strict=True):
+            parts.append(part)
+            progress.update(share[-1] - seed + 1)
+    demos = Demos.concat(level, parts)
+    progress.close(count, time.monotonic() - began, {}, stopped_early=False)
+    return demos
 
 
 def cache_path(cache_dir: str | Path, level: str, count: int, seed: int) -> Path:

@@ -58,11 +58,12 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """Reports steps ``initial + 1 .. total`` of one run; every method is a no-op when not ``enabled``."""
+    """Reports steps ``initial + 1 .. total`` of one run; every method is a no-op when not ``enabled``.
+    ``unit`` names what is counted (training steps; demos for a demo generator)."""
 
     def __init__(self, total: int, initial: int, label: str, enabled: bool, time_budget: float | None = None,
-                 seconds_before: float = 0.0):
-        self.total, self.initial, self.label, self.enabled = total, initial, label, enabled
+                 seconds_before: float = 0.0, unit: str = "step"):
+        self.total, self.initial, self.label, self.enabled, self.unit = total, initial, label, enabled, unit
         self.time_budget, self.seconds_before = time_budget, seconds_before
         self.stream = sys.stderr
         self.step, self.loss, self.accuracy = initial, None, None
@@ -70,7 +71,7 @@ class Progress:
         self.bar = None
         if enabled and self.stream.isatty():
             self.bar = tqdm(total=total, initial=initial, desc=label, leave=False, file=self.stream,
-                            dynamic_ncols=True)
+                            dynamic_ncols=True, unit=unit)
 
     def update(self, step: int, loss: float | None = None, accuracy: float | None = None) -> None:
         """Step ``step`` is done; ``loss`` / ``accuracy`` (%) are the latest logged training values."""
@@ -87,7 +88,7 @@ class Progress:
         if self.bar is None and now - self.last_line >= LINE_INTERVAL:
             self.last_line = now
             metrics = "" if self.loss is None else f", loss {self.loss:.4g}, accuracy {self.accuracy:.1f}%"
-            self._print(f"step {step}/{self.total} ({100 * step / self.total:.0f}%){metrics}, "
+            self._print(f"{self.unit} {step}/{self.total} ({100 * step / self.total:.0f}%){metrics}, "
                         f"{_duration(self.seconds_before + now - self.start)}, ETA {_duration(self.eta(now))}")
 
     def eta(self, now: float) -> float:
@@ -106,7 +107,7 @@ class Progress:
             self.bar.close()
         early = " (time budget reached)" if stopped_early else ""
         metrics = ", ".join(f"test {k} {v:.4g}" if k == "loss" else f"test {k} {v:.1f}%" for k, v in test.items())
-        self._print(f"done, {steps} steps in {_duration(seconds)}{early}" + (f": {metrics}" if metrics else ""))
+        self._print(f"done, {steps} {self.unit}s in {_duration(seconds)}{early}" + (f": {metrics}" if metrics else ""))
 
     def _print(self, text: str) -> None:
         print(f"{self.label}: {text}" if self.label else text, file=self.stream, flush=True)
