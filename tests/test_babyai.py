@@ -95,6 +95,26 @@ def test_failed_episodes_are_left_out(monkeypatch):
     assert kept.seeds.tolist() == [0, 3] and kept.failures == 2 and len(kept.lengths) == 2
 
 
+def test_an_episode_the_bot_never_finishes_is_a_failure(monkeypatch):
+    import time
+
+    from minigrid.utils.baby_ai_bot import BabyAIBot
+
+    real_replan, calls, start = BabyAIBot.replan, [], time.monotonic()
+
+    def replan(self, *args):  # the first episode's planner hangs, like Unlock seed 63's (for 5 s here)
+        calls.append(self)
+        while calls[0] is self and time.monotonic() - start < 5:
+            time.sleep(0.01)
+        return real_replan(self, *args)
+
+    monkeypatch.setattr(BabyAIBot, "replan", replan)
+    monkeypatch.setattr(babyai, "BOT_SECONDS", 0.3)
+    kept = generate_demos("GoToObj", 3, seed=0)
+    assert kept.seeds.tolist() == [1, 2] and kept.failures == 1  # without the limit: [0, 1, 2] after 5 s
+    assert time.monotonic() - start < 5
+
+
 def test_level_generation_prints_nothing(capfd):
     generate_demos(LEVEL, 1, seed=8)  # seed 8 of GoToLocal is one whose generation rejects a sample
     assert "Sampling rejected" not in capfd.readouterr().out

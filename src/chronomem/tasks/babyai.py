@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import signal
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -63,6 +65,10 @@ STEP_FEATURES = IMAGE_FEATURES + 1 + MAX_WORDS
 
 CACHE_FORMAT = 1  # bumped when the arrays of a cache file change meaning
 DEMO_SHARE = 25  # seeds per task of the demo generators: small enough for a smooth progress line
+# On a few layouts the bot's planner never returns (Unlock seed 63: a replan call after step ~160 runs
+# for minutes). An episode the bot has not finished within this many seconds is a failure; a normal
+# episode takes well under a second, so on any machine the same episodes are kept.
+BOT_SECONDS = 30.0
 _ARRAYS = ("images", "directions", "actions", "missions", "lengths", "seeds", "format")
 
 
@@ -136,6 +142,30 @@ class Demos:
                    join("seeds"), sum(p.failures for p in parts))
 
 
+class BotTimeout(Exception):
+    """The bot did not finish an episode within ``BOT_SECONDS``."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise ``BotTimeout`` inside the block once ``seconds`` have passed (a SIGALRM timer: Unix, main
+    thread only, as in a demo worker; elsewhere the block runs without a limit)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise BotTimeout(f"the bot took more than {seconds} s on one episode")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _play(level: str, seeds: list[int]) -> Demos:
     """The bot's episodes of ``seeds`` (one process's share of ``generate_demos``)."""
     from minigrid.utils.baby_ai_bot import BabyAIBot
@@ -148,14 +178,14 @@ def _play(level: str, seeds: list[int]) -> Demos:
             obs, _ = quiet_reset(env, seed)
             episode, reward, ended = [], 0.0, False
             try:
-                with contextlib.redirect_stdout(io.StringIO()):
+                with contextlib.redirect_stdout(io.StringIO()), _time_limit(BOT_SECONDS):
                     bot = BabyAIBot(env.unwrapped)
                     while not ended:
                         action = int(bot.replan())
                         episode.append((obs["image"], obs["direction"], action))
                         obs, reward, terminated, truncated, _ = env.step(action)
                         ended = terminated or truncated
-            except Exception:  # the bot gives up on a few layouts (e.g. a blocked door): leave them out
+            except Exception:  # the bot gives up (e.g. a blocked door) or times out on a few layouts: leave them out
                 reward = 0.0
             if reward <= 0:
                 failures += 1
