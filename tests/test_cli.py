@@ -394,9 +394,11 @@ def test_run_time_budget_must_be_positive(budget, tmp_path, capsys):
     assert not out.exists()
 
 
-def fake_run_experiment(calls):
+def fake_run_experiment(calls, outs=None):
     def run_experiment(experiment, scale, out, **kwargs):
         calls.append(kwargs)
+        if outs is not None:
+            outs.append(out)
         return {"results": {"lstm": {"copy": 50.0}}, "paper": {}, "seconds": 1.0}
 
     return run_experiment
@@ -410,8 +412,23 @@ def test_run_time_budget_reaches_run_experiment(tmp_path, capsys, monkeypatch):
     assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(tmp_path), "--time-budget", "30"]) == 0
     assert "equal time budget of 30 s per model" in capsys.readouterr().out
     assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(tmp_path), "--seed", "2"]) == 0
-    assert calls == [{"seed": 0, "models": None, "progress": True, "time_budget": 30.0},
-                     {"seed": 2, "models": None, "progress": True, "time_budget": None}]
+    assert calls == [{"seed": 0, "models": None, "progress": True, "time_budget": 30.0, "resume": False},
+                     {"seed": 2, "models": None, "progress": True, "time_budget": None, "resume": False}]
+
+
+def test_run_resume_continues_in_its_own_directory(tmp_path, capsys, monkeypatch):
+    import chronomem.experiments
+
+    interrupted = tmp_path / "interrupted"
+    interrupted.mkdir()
+    code = main(["run", "copy-baselines", "--scale", "smoke", "--resume", str(interrupted)])
+    assert_one_line_error(code, capsys, "run", "--resume: copy-baselines cannot reuse the runs of an interrupted run")
+    code = main(["run", "popgym", "--scale", "smoke", "--resume", str(interrupted), "--out", str(tmp_path / "x")])
+    assert_one_line_error(code, capsys, "run", "a resumed run writes only into its own directory")
+    calls = []
+    monkeypatch.setattr(chronomem.experiments, "run_experiment", fake_run_experiment(calls, outs := []))
+    assert main(["run", "popgym", "--scale", "smoke", "--resume", str(interrupted), "--quiet"]) == 0
+    assert calls[0]["resume"] is True and outs == [interrupted]
 
 
 def test_run_scales_are_the_experiments_scales(tmp_path, capsys, monkeypatch):

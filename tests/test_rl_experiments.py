@@ -65,3 +65,67 @@ def test_mmer_and_mean_curves():
                {"step": 32, "return_mean": 0.0}]
     assert max_mean_return(history) == 0.25 and max_mean_return(history[:1]) is None
     assert mean_curve([[(16, 0.0), (24, 1.0)], [(16, 1.0)]]) == [(16, 0.5)]
+
+
+def test_a_finished_run_is_loaded_as_it_ended(tmp_path, monkeypatch):
+    """``ppo_run(reuse=True)`` on a finished run: the same weights, history, frames, and torch's random
+    state as right after training, without training again."""
+    import torch
+
+    from chronomem.experiments import rl_runs
+    from chronomem.rl import ppo
+
+    ppo_settings = dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=8, num_minibatches=1,
+                        update_epochs=1, log_every=1)
+    trained = rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, ppo_settings, 48, 3, tmp_path / "run",
+                              progress=False)
+    random_state = torch.get_rng_state()
+    torch.manual_seed(12345)  # whatever ran in between
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(ppo, "train", no_training)
+    loaded = rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, ppo_settings, 48, 3, tmp_path / "run",
+                             progress=True, reuse=True)  # progress does not change the run
+    assert torch.equal(torch.get_rng_state(), random_state)
+    assert loaded.frames == trained.frames == 48 and len(trained.history) == 3
+    assert loaded.history == trained.history
+    assert abs(loaded.seconds - trained.seconds) < 1.0
+    for (name, a), (_, b) in zip(trained.agent.state_dict().items(), loaded.agent.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert not loaded.agent.training
+    with pytest.raises(ValueError, match="other settings.*seed: saved 3, asked 4"):
+        rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, ppo_settings, 48, 4, tmp_path / "run",
+                        progress=False, reuse=True)
+
+
+@pytest.mark.parametrize("name", ["ballet-rl", "popgym", "minigrid-transfer"])
+def test_a_resumed_experiment_gives_the_uninterrupted_table(tmp_path, monkeypatch, name):
+    import shutil
+
+    from chronomem.rl import ppo
+
+    experiment = get_experiment(name)
+    whole = run_experiment(experiment, "smoke", tmp_path / "whole", progress=False)
+    # An interrupted run: no results yet, and its last run killed before its final checkpoint.
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    for file in ("results.json", "report.md", "results.png", "learning_curves.png"):
+        (tmp_path / "cut" / file).unlink(missing_ok=True)
+    runs = sorted(p.parent for p in (tmp_path / "cut").rglob("config.json"))
+    shutil.rmtree(runs[-1] / "checkpoints")
+    trained = []
+    train = ppo.train
+    monkeypatch.setattr(ppo, "train", lambda args, *rest, **kw: trained.append(args.out) or train(args, *rest, **kw))
+    resumed = run_experiment(experiment, "smoke", tmp_path / "cut", progress=False, resume=True)
+    assert trained == [str(runs[-1])]  # only the unfinished run trained again
+    assert resumed["results"] == whole["results"]
+    assert resumed["extra"].get("curves") == whole["extra"].get("curves")
+    assert json.loads((tmp_path / "cut" / "results.json").read_text())["results"] == whole["results"]
+
+
+def test_resume_is_refused_where_it_cannot_work(tmp_path):
+    with pytest.raises(ValueError, match="--resume: copy-baselines cannot reuse"):
+        run_experiment(get_experiment("copy-baselines"), "smoke", tmp_path, progress=False, resume=True)
+    with pytest.raises(ValueError, match="no such directory"):
+        run_experiment(get_experiment("popgym"), "smoke", tmp_path / "missing", progress=False, resume=True)

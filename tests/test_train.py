@@ -521,6 +521,23 @@ def test_metrics_csv_widens_for_a_new_column_and_keeps_earlier_rows(tmp_path):
     assert (tmp_path / "metrics.csv").read_text().splitlines() == ["step,split,loss,accuracy", "1,test,0.1,99.0"]
 
 
+def test_metrics_csv_reads_back_the_rows_as_logged(tmp_path):
+    from chronomem.train.metrics import MetricsLogger, read_metrics
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"step": 8, "split": "train", "episodes": 0, "lr": 3e-4},  # no episode ended: no return column
+            {"step": 16, "split": "train", "return_mean": -0.4375, "episodes": 3, "lr": 1 / 3, "sps": 1234},
+            *({"step": 24 + i, "split": "val", "loss": torch.randn((), generator=g).item() * 10 ** i}
+              for i in range(-8, 9, 4))]
+    logger = MetricsLogger(tmp_path)
+    for row in rows:
+        logger.log(row)
+    logger.close()
+    back = read_metrics(tmp_path / "metrics.csv")
+    assert back == rows  # the same keys and values, floats to the last bit
+    assert [type(v) for v in back[1].values()] == [type(v) for v in rows[1].values()]
+
+
 def test_resumed_run_with_an_auxiliary_loss_logs_each_step_once(tmp_path):
     task = CopyTask(seq_len=4, copy_len=2)
 

@@ -403,13 +403,20 @@ def cmd_run(args) -> int:
     if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     experiment = get_experiment(args.experiment)
-    out = check_out_dir(args.out) if args.out else check_out_dir(fresh_run_dir(Path("runs") / args.experiment))
+    if args.resume is not None and args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
+        raise ValueError(f"--out {args.out}: a resumed run writes only into its own directory, {args.resume}; "
+                         "leave --out out")
+    if args.resume is not None:
+        out = check_out_dir(args.resume, "--resume")
+    else:
+        out = check_out_dir(args.out) if args.out else check_out_dir(fresh_run_dir(Path("runs") / args.experiment))
     if (out / "results.json").exists():  # a run never overwrites another run's files
         raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
                          "directory, or leave --out out to get a new one under runs/")
     data = {} if args.data_dir is None else {"data_dir": args.data_dir}  # for the experiments that read data files
     results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models,
-                             progress=not args.quiet, time_budget=args.time_budget, **data)
+                             progress=not args.quiet, time_budget=args.time_budget,
+                             resume=args.resume is not None, **data)
     equal_time = "" if args.time_budget is None else f", equal time budget of {args.time_budget:g} s per model"
     print(f"\n{experiment.name} ({args.scale}{equal_time}): ours beside the paper's — {experiment.metric}\n")
     print(comparison_table(results["results"], results["paper"]))
@@ -522,6 +529,9 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, help="output directory, which must not hold results yet (default: "
                    "runs/EXPERIMENT, or runs/EXPERIMENT-2, -3, ... when that exists)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the interrupted run in DIR (same experiment, --scale, --seed, --models): "
+                   "the runs it finished are loaded, not trained again (ballet-rl, popgym)")
     r.add_argument("--models", nargs="+", metavar="NAME", default=None,
                    help="run only these of the experiment's models (default: all of the scale's models)")
     r.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",

@@ -113,7 +113,8 @@ def select_models(available, models=None, experiment: str = "this experiment") -
 
 
 def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0, models=None,
-                   progress: bool = True, time_budget: float | None = None, data_dir: str | None = None) -> dict:
+                   progress: bool = True, time_budget: float | None = None, data_dir: str | None = None,
+                   resume: bool = False) -> dict:
     """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs.
 
     ``progress``: every training run (each model and seed) shows its progress on stderr and ends with a
@@ -122,7 +123,9 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     the budget or at its scale's step count, whichever comes first. None (the default): step counts
     only, so the same seed gives the same metrics on any machine. ``data_dir``: where an experiment
     that reads data files (``lm``: enwik8) finds them; an experiment whose ``run`` takes no
-    ``data_dir`` rejects it."""
+    ``data_dir`` rejects it. ``resume``: continue an interrupted run of the same experiment, scale and
+    seed in ``out``, reusing the runs (model and seed) it finished; only experiments whose ``run`` takes
+    ``resume`` (the RL ones, whose runs take hours) offer it."""
     from chronomem.train.progress import reporting
 
     if scale not in experiment.scales:
@@ -135,6 +138,13 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
         if "data_dir" not in inspect.signature(experiment.run).parameters:
             raise ValueError(f"data_dir (--data-dir): {experiment.name} reads no data files, got {str(data_dir)!r}")
         options["data_dir"] = str(data_dir)
+    if resume:
+        if "resume" not in inspect.signature(experiment.run).parameters:
+            raise ValueError(f"--resume: {experiment.name} cannot reuse the runs of an interrupted run; "
+                             "run it again into a new directory")
+        if not Path(out).is_dir():
+            raise ValueError(f"--resume {out}: no such directory (the --out of the interrupted run)")
+        options["resume"] = True
     out = Path(out)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from chronomem.envs.minigrid import PAIRS
 from chronomem.experiments.base import Experiment, select_models
-from chronomem.experiments.rl_runs import check_no_time_budget
+from chronomem.experiments.rl_runs import check_no_time_budget, ppo_run
 from chronomem.registry import register_experiment
 
 # The paper's row names (Table 3) of each pair's train and test environment.
@@ -99,6 +99,7 @@ class Job:
     scale: TransferScale
     out: str
     progress: bool
+    resume: bool = False  # load the run from ``out`` if it finished there (chronomem run --resume)
 
 
 def run_job(job: Job) -> dict[str, Any]:
@@ -106,13 +107,11 @@ def run_job(job: Job) -> dict[str, Any]:
     import torch
 
     from chronomem.rl.evaluate import evaluate
-    from chronomem.rl.ppo import Args, train
 
     s, pair = job.scale, PAIRS[job.pair]
-    args = Args(env=pair.train, core=job.model, total_frames=s.frames, num_envs=s.num_envs, num_steps=s.num_steps,
-                num_minibatches=s.num_minibatches, dim=s.dim, hidden=s.dim, seed=job.seed, progress=job.progress,
-                out=job.out)
-    result = train(args, MODELS[job.model])
+    ppo = dict(num_envs=s.num_envs, num_steps=s.num_steps, num_minibatches=s.num_minibatches, dim=s.dim, hidden=s.dim)
+    result = ppo_run(pair.train, job.model, MODELS[job.model], ppo, s.frames, job.seed, Path(job.out), job.progress,
+                     reuse=job.resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -147,7 +146,7 @@ def refusal(model: str, scale: TransferScale) -> str | None:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None) -> dict:
+         time_budget: float | None = None, resume: bool = False) -> dict:
     check_no_time_budget("minigrid-transfer", time_budget)
     from chronomem.train.progress import wanted
 
@@ -155,7 +154,8 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     chosen = s.models if models is None else select_models(MODELS, models, "minigrid-transfer")
     refused = {m: reason for m in chosen if (reason := refusal(m, s)) is not None}
     progress = wanted(True)[0]
-    jobs = [Job(pair, model, seed + i, s, str(Path(out) / "runs" / pair / model / f"seed_{seed + i}"), progress)
+    jobs = [Job(pair, model, seed + i, s, str(Path(out) / "runs" / pair / model / f"seed_{seed + i}"), progress,
+                resume)
             for pair in s.pairs for model in chosen if model not in refused for i in range(s.seeds)]
     if s.workers > 1 and len(jobs) > 1:
         import multiprocessing

@@ -50,13 +50,60 @@ def takes_done(model: str, env_id: str, ppo: dict, options: dict) -> str | None:
 
 
 def ppo_run(env_id: str, model: str, options: dict, ppo: dict, frames: int, seed: int, out: Path | None,
-            progress: bool):
-    """One PPO run of ``frames`` frames; returns ``chronomem.rl.ppo.PPOResult``."""
+            progress: bool, reuse: bool = False):
+    """One PPO run of ``frames`` frames; returns ``chronomem.rl.ppo.PPOResult``.
+
+    ``reuse`` (``chronomem run --resume``): if ``out`` holds this run finished, load it instead of
+    training it again (``finished_run``); a run that did not finish trains again from its start, so the
+    table is the one an uninterrupted ``chronomem run`` gives."""
     from chronomem.rl.ppo import Args, train
 
     args = Args(env=env_id, core=model, total_frames=frames, seed=seed, progress=progress,
                 out=None if out is None else str(out), **ppo)
+    if reuse and out is not None and (result := finished_run(args, options)) is not None:
+        return result
     return train(args, options)
+
+
+def finished_run(args, options: dict):
+    """The ``PPOResult`` of the run in ``args.out`` if it finished with exactly these settings, else None.
+
+    Finished: its config.json holds ``args`` (``out`` and ``progress`` aside: a run directory may have
+    been moved) and ``options``, and it has the
+    checkpoint of its last update. The agent is loaded from that checkpoint, the history from
+    metrics.csv, and torch's random state is set to the one saved with it, the state at the end of
+    training: what follows (an evaluation that samples actions) draws what it would have drawn after the
+    uninterrupted run. A directory that holds a run with other settings is a ValueError, not reused."""
+    import dataclasses
+    import json
+    import math
+
+    import torch
+
+    from chronomem.rl.evaluate import load_agent
+    from chronomem.rl.ppo import PPOResult
+    from chronomem.train.checkpoint import checkpoint_name, load_config
+    from chronomem.train.metrics import read_metrics
+
+    run_dir = Path(args.out)
+    if not (run_dir / "config.json").exists():
+        return None
+    saved = load_config(run_dir)
+    asked = json.loads(json.dumps({"args": dataclasses.asdict(args), "core_options": options}))  # as saved
+    differ = [key for key in asked["args"]  # where the run lives and how it reports do not change it
+              if key not in ("out", "progress") and saved.get("args", {}).get(key) != asked["args"][key]]
+    if saved.get("kind") != "ppo" or differ or saved.get("core_options", {}) != asked["core_options"]:
+        shown = ", ".join(f"{k}: saved {saved.get('args', {}).get(k)!r}, asked {asked['args'][k]!r}" for k in differ)
+        raise ValueError(f"--resume: {run_dir} holds a run with other settings ({shown or 'core options'}); "
+                         "resume into the directory of the interrupted run with the same --scale and --seed")
+    frames = math.ceil(args.total_frames / args.frames_per_update) * args.frames_per_update
+    checkpoint = run_dir / "checkpoints" / checkpoint_name(frames)
+    if not (checkpoint / "trainer.pt").exists():
+        return None
+    agent, _, _ = load_agent(checkpoint, device=args.device)
+    trainer = torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
+    torch.set_rng_state(trainer["rng"]["torch"])
+    return PPOResult(agent, frames, float(trainer["seconds"]), read_metrics(run_dir / "metrics.csv"))
 
 
 def curve(history: list[dict[str, Any]]) -> Curve:

@@ -130,3 +130,19 @@ class MetricsLogger:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of a ``metrics.csv`` as they were logged: an empty cell (a column the row did not have)
+    left out, numbers back as the int or float written (``str`` of a float reads back to the same float)."""
+
+    def value(cell: str):
+        for kind in (int, float):
+            try:
+                return kind(cell)
+            except ValueError:
+                pass
+        return cell
+
+    with open(path, newline="") as f:
+        return [{key: value(cell) for key, cell in row.items() if cell != ""} for row in csv.DictReader(f)]
