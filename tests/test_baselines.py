@@ -204,6 +204,41 @@ def test_position_bias_matches_naive_pairs(table, n_q, n_k):
         close(g, w, 1e-6)
 
 
+def test_projected_distances_are_kept_outside_autograd_and_never_stale():
+    """Acting and generation reuse ``W_kr R`` from the last call of the same shape; a weight change by an
+    optimizer step, ``load_state_dict`` or ``.to()`` is seen, and under autograd nothing is kept."""
+    _seed(6)
+    ra, other = RelativeAttention(8, 2), RelativeAttention(8, 2)
+    x, context = torch.randn(2, 1, 8), torch.randn(2, 6, 8)
+
+    def fresh():  # the same call computed from scratch
+        ra._distances_cache = None
+        with torch.inference_mode():
+            return ra(x, context)
+
+    with torch.inference_mode():
+        first = ra(x, context)
+        kept = ra._distances_cache[1]
+        assert torch.equal(ra(x, context), first) and ra._distances_cache[1] is kept  # reused
+        ra(torch.randn(2, 2, 8), context)  # another shape: computed anew
+        assert ra._distances_cache[1] is not kept
+    ra(x, context).sum().backward()
+    assert ra._distances_cache is None  # nothing kept under autograd
+    torch.optim.SGD(ra.parameters(), lr=0.5).step()
+    with torch.inference_mode():
+        stepped = ra(x, context)
+    assert not torch.equal(stepped, first) and torch.equal(stepped, fresh())
+    with torch.inference_mode():
+        ra(x, context)
+    ra.load_state_dict(other.state_dict())
+    with torch.inference_mode():
+        assert torch.equal(ra(x, context), fresh())
+    ra.double()
+    assert ra._distances_cache is None
+    with torch.inference_mode():
+        assert ra(x.double(), context.double()).dtype == torch.float64
+
+
 @pytest.mark.parametrize("n_q,n_k", [(1, 1), (1, 5), (3, 3), (4, 9), (5, 7)])
 def test_relative_shift_matches_gather(n_q, n_k):
     scores = torch.randn(2, 3, n_q, n_k + n_q - 1)

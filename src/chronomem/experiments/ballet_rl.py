@@ -14,8 +14,8 @@ Deviation: PPO, not the paper's IMPALA with V-trace.
 Scales fix the frames per model: ``smoke`` (seconds, tests), ``quick`` (symbolic observations,
 CPU-sized agents), ``paper`` (pixels and App. A Table 1's sizes: memory width 512, 4 layers, 8 heads,
 HTM chunk 32 and top-k 8, TrXL extra length 256, policy/value MLPs of 512, Adam lr 2e-4, unrolls of 64,
-batch 32 trajectories, entropy 1e-3). A core that does not take ``done`` inside a call yet (HTM until
-it does) stops the run before anything trains, with a message naming the missing piece.
+batch 32 trajectories, entropy 1e-3). A core that cannot be an agent (one that does not take ``done``
+inside a call) stops the run before anything trains, with a message naming the missing piece.
 """
 
 from __future__ import annotations
