@@ -9,6 +9,7 @@ from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 from chronomem.envs.ballet import (  # noqa: E402
     AGENT_START,
+    CLOCK_RGB,
     COLOUR_NAMES,
     COLOURS,
     DANCE_NAMES,
@@ -16,9 +17,11 @@ from chronomem.envs.ballet import (  # noqa: E402
     DANCER_CELLS,
     DANCES,
     DIRECTIONS,
+    FAILURE_RGB,
     GYM_ID,
     LEVELS,
     SHAPES,
+    SUCCESS_RGB,
     VOCAB,
     WATCH,
     BalletEnv,
@@ -173,6 +176,33 @@ def test_shapes_and_colours_distinct_and_unique_per_episode():
         Layout(cells=(0, 1), dances=(0, 1), shapes=(3, 3), colours=(0, 1), target=0)
 
 
+@pytest.mark.parametrize("direction, success", [(0, True), (4, False)])
+def test_render_shows_the_clock_the_cue_and_the_outcome(direction, success):
+    env = BalletEnv("2_delay16", observation="symbolic", render_mode="rgb_array")
+    layout = Layout(cells=(1, 6), dances=(2, 3), shapes=(2, 6), colours=(4, 9), target=0)  # target (2,5)
+    env.reset(seed=0, options={"layout": layout})
+    sprite = env._pixels[3 + layout.target]
+    bars = []
+    for _ in range(env.cue_step - 1):  # the dances: a bar fills up towards the cue
+        env.step(0)
+        strip = env.render()[99:]
+        assert set(map(tuple, strip.reshape(-1, 3).tolist())) <= {(0, 0, 0), CLOCK_RGB}  # no sprite yet
+        bars.append(int(strip[4].any(-1).sum()))
+    assert bars == sorted(bars) and 0 < bars[0] < bars[-1] < 99
+    env.step(0)  # the cue: the target's sprite in the first cell, on black
+    strip = env.render()[99:]
+    assert env._phase == "choice" and (strip[:, :9] == sprite).all() and not strip[:, 9:].any()
+    reward = terminated = 0
+    while not terminated:  # straight up onto the target, or down onto the other dancer at (8, 5)
+        _, reward, terminated, truncated, _ = env.step(direction)
+    assert reward == float(success)
+    strip = env.render()[99:]
+    background = strip[:, 9:].reshape(-1, 3)
+    assert (background == (SUCCESS_RGB if success else FAILURE_RGB)).all()
+    drawn = sprite.any(-1)
+    assert (strip[:, :9][drawn] == sprite[drawn]).all()
+
+
 def test_pixels_egocentric():
     env = BalletEnv("2_delay16", observation="pixels", render_mode="rgb_array")
     layout = Layout(cells=(1, 6), dances=(2, 3), shapes=(2, 6), colours=(4, 9), target=1)  # (2,5) and (8,5)
@@ -182,7 +212,7 @@ def test_pixels_egocentric():
     centre = np.s_[45:54, 45:54]
     assert (image[centre] == 255).all()  # the agent: a white square at the centre
     assert (image[:9, :9] == 40).all()  # the wall's corner (at reset the view is the whole board)
-    assert (image == env.render()).all()
+    assert (image == env.render()[:99]).all()  # the board; the status strip below it is for viewers
     for _ in range(env.cue_step + 2):  # after the cue the agent walks up twice: the view follows it
         obs, *_ = env.step(0)
     image = obs["image"]

@@ -124,6 +124,8 @@ COLOURS = {
 }
 COLOUR_NAMES = tuple(COLOURS)
 WALL_RGB, AGENT_RGB = (40, 40, 40), (255, 255, 255)  # dark grey wall, white agent
+# The status strip under a rendered board (for a viewer only; never in an observation).
+CLOCK_RGB, SUCCESS_RGB, FAILURE_RGB = (90, 90, 90), (0, 150, 0), (150, 0, 0)
 
 # Symbolic channels per cell: wall, agent, 15 shapes, 19 colours.
 CH_WALL, CH_AGENT, CH_SHAPE, CH_COLOUR = 0, 1, 2, 2 + len(SHAPES)
@@ -247,7 +249,8 @@ class BalletEnv(_EnvBase):
     no no-op; moves into a wall leave the agent in place). ``reset(seed=..., options={"layout":
     Layout(...)})`` plays a given episode instead of a sampled one. ``info`` holds the ``phase``
     ("dance" or "choice"), the ``step`` (reset = 0), the ``cue_step`` and the ``target_cell``.
-    ``render()`` (``render_mode="rgb_array"``) draws the whole board, not the egocentric view.
+    ``render()`` (``render_mode="rgb_array"``) draws the whole board, not the egocentric view, above
+    a status strip one cell high (``status_strip``) that shows a viewer the clock and the cue.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
@@ -304,6 +307,7 @@ class BalletEnv(_EnvBase):
         self._countdown = 1  # steps until the next dance starts (or the cue, once all have danced)
         self._frame = -1  # pycolab's frame counter: the reset frame below is frame 0
         self._done = False
+        self._reward = 0.0
         self._build_palette()
         self._advance(None)  # the reference's first frame is an update without an action
         return self._observe(), self._info()
@@ -367,6 +371,7 @@ class BalletEnv(_EnvBase):
         reward, terminated = self._advance(int(action))
         truncated = not terminated and self._frame >= self.max_steps  # the reference's frame >= max_steps
         self._done = terminated or truncated
+        self._reward = reward
         return self._observe(), reward, terminated, truncated, self._info()
 
     # ---- observations -------------------------------------------------------------------------
@@ -404,9 +409,27 @@ class BalletEnv(_EnvBase):
                 "target_cell": self.layout.label}
 
     def render(self):
+        """The whole board (99x99 pixels) above ``status_strip`` (9 pixels high): ``[108, 99, 3]`` uint8."""
         if self.render_mode != "rgb_array" or self.layout is None:
             return None
-        return self._paint(self.board(), self._pixels)
+        return np.concatenate([self._paint(self.board(), self._pixels), self.status_strip()], axis=0)
+
+    def status_strip(self) -> np.ndarray:
+        """``[9, 99, 3]``: what the instruction means, drawn for a person watching a rendered episode.
+        Until the cue a grey bar fills up to it (its length is the share of the dances gone by); from
+        the cue on, the first cell shows the target dancer (the one whose dance the cue names) on black,
+        and once the episode is over on green (it ended on the target) or red (another dancer, or the
+        time limit)."""
+        strip = np.zeros((CELL_PIXELS, ROOM_SIZE * CELL_PIXELS, 3), np.uint8)
+        if self._phase == "dance":
+            strip[:, : round(strip.shape[1] * self._frame / self.cue_step)] = CLOCK_RGB
+            return strip
+        if self._done:
+            strip[:] = SUCCESS_RGB if self._reward > 0 else FAILURE_RGB
+        target = self._pixels[3 + self.layout.target]
+        drawn = target.any(-1)  # the sprite's own pixels, over the strip's background
+        strip[:, :CELL_PIXELS][drawn] = target[drawn]
+        return strip
 
 
 class BalletMixture(_EnvBase):
