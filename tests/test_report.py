@@ -11,7 +11,7 @@ def write_run(directory, experiment="copy", scale="quick", seed=0, results=None,
     directory.mkdir(parents=True, exist_ok=True)
     data = {"experiment": experiment, "scale": scale, "seed": seed, "seconds": 12.0,
             "results": results or {"lstm": {"T=100": 30.25}}, "paper": paper or {"lstm": {"T=100": 99.0}},
-            "config": {}, **extra}
+            **{"config": {}, **extra}}
     (directory / "results.json").write_text(json.dumps(data))
     return directory
 
@@ -36,6 +36,14 @@ def test_seeds_of_one_experiment_share_a_section_with_their_mean(tmp_path):
     assert "| model | setting | seed 0 | seed 1 | mean | paper |" in page
     assert "| lstm | T=100 | 30.0 | 50.0 | 40.0 | 99.0 |" in page
     assert "| tlb | x1 | 35.0 | 38.2 |" in page
+
+
+def test_a_resumed_run_says_its_wall_time_is_the_resumed_calls(tmp_path):
+    write_run(tmp_path / "whole")
+    assert "wall time 12 s." in results_page([tmp_path / "whole"])
+    write_run(tmp_path / "resumed", config={"resumed": True})
+    assert "wall time 12 s (of the resumed call; the runs it loaded trained before it)." in results_page(
+        [tmp_path / "resumed"])
 
 
 def test_a_tour_sub_run_is_not_counted_twice(tmp_path):

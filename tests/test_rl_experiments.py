@@ -122,6 +122,7 @@ def test_a_resumed_experiment_gives_the_uninterrupted_table(tmp_path, monkeypatc
     assert resumed["results"] == whole["results"]
     assert resumed["extra"].get("curves") == whole["extra"].get("curves")
     assert json.loads((tmp_path / "cut" / "results.json").read_text())["results"] == whole["results"]
+    assert resumed["config"]["resumed"] and "resumed" not in whole["config"]  # its seconds are the call's
 
 
 def test_resume_is_refused_where_it_cannot_work(tmp_path):

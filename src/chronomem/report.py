@@ -54,6 +54,14 @@ def load_results(path: Path) -> dict[str, Any]:
     return data
 
 
+def _wall_time(run: dict[str, Any]) -> str:
+    """A run's seconds; a resumed run's are those of the call that finished it, and it says so."""
+    seconds = f"{run.get('seconds', float('nan')):.0f} s"
+    if run.get("config", {}).get("resumed"):
+        return f"{seconds} (of the resumed call; the runs it loaded trained before it)"
+    return seconds
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -96,7 +104,7 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
         "",
         f"Source: {', '.join(f'`{s}`' for s in sources)}; "
         f"{'wall time' if not several else 'wall times'} "
-        + ", ".join(f"{r.get('seconds', float('nan')):.0f} s" for r in runs) + ".",
+        + ", ".join(_wall_time(r) for r in runs) + ".",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

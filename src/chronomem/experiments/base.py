@@ -160,6 +160,8 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     if "paper" not in produced:  # the paper's rows of the models that ran (a scale or --models may pick some)
         produced["paper"] = {m: row for m, row in experiment.paper.items() if m in produced["results"]}
     produced["config"] = {**produced.get("config", {}), "time_budget": time_budget}
+    if resume:  # its seconds are this call's: the runs it loaded took theirs in the interrupted call
+        produced["config"]["resumed"] = True
     return finish(experiment, produced.get("scale", scale), out, produced, time.perf_counter() - start, seed)
 
 
