@@ -60,6 +60,15 @@ def test_popgym_published_table_names_real_environments_and_mmers():
             popgym_experiment.check_paper_table(bad)
 
 
+def test_smooth_averages_equal_groups_of_updates():
+    from chronomem.experiments.rl_runs import smooth
+
+    points = [(1000 * (i + 1), float(i % 2)) for i in range(120)]  # a return alternating 0, 1
+    smoothed = smooth(points, bins=50)
+    assert len(smoothed) == 40 and smoothed[0] == (3000, 1 / 3) and smoothed[-1] == (120_000, 2 / 3)
+    assert smooth(points[:7], bins=50) == points[:7]  # short curves are drawn as they are
+
+
 def test_mmer_and_mean_curves():
     history = [{"step": 8}, {"step": 16, "return_mean": -0.5}, {"step": 24, "return_mean": 0.25},
                {"step": 32, "return_mean": 0.0}]

@@ -123,8 +123,18 @@ def max_mean_return(history: list[dict[str, Any]]) -> float | None:
     return max(returns) if returns else None
 
 
+def smooth(points: Curve, bins: int = 50) -> Curve:
+    """At most ``bins`` points: consecutive updates averaged in equal groups (the last frame count of
+    each group). An update in which a few long episodes ended (Ballet: 1,024 frames, ~4 episodes) is
+    too noisy to read alone."""
+    size = max(1, -(-len(points) // bins))
+    groups = [points[i:i + size] for i in range(0, len(points), size)]
+    return [(group[-1][0], float(np.mean([r for _, r in group]))) for group in groups]
+
+
 def plot_curves(panels: dict[str, dict[str, Curve]], path: Path, title: str) -> None:
-    """One panel per setting (env or level mixture), one line per core: mean return against frames."""
+    """One panel per setting (env or level mixture), one line per core: mean return against frames,
+    ``smooth``ed to at most 50 points (results.json keeps every update's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,7 +148,7 @@ def plot_curves(panels: dict[str, dict[str, Curve]], path: Path, title: str) -> 
     for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
         for model, points in lines.items():
             if points:
-                ax.plot(*zip(*points, strict=True), marker=".", label=model)
+                ax.plot(*zip(*smooth(points), strict=True), marker=".", label=model)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("frames")
         ax.set_ylabel("mean return")
