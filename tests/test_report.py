@@ -91,6 +91,7 @@ def test_a_model_only_the_paper_has_gets_rows_for_the_settings_run(tmp_path):
     assert "CountRecallHard" not in page  # a setting no run measured gets no row
 
 
-def test_a_run_that_averages_its_own_seeds_says_so(tmp_path):
-    write_run(tmp_path / "r", seed=4, results={"lstm": {"T=100": 30.0}}, config={"scale": {"seeds": 3}})
+@pytest.mark.parametrize("config", [{"scale": {"seeds": 3}}, {"scale": "quick", "seeds": 3}])  # the RL layout 2nd
+def test_a_run_that_averages_its_own_seeds_says_so(tmp_path, config):
+    write_run(tmp_path / "r", seed=4, results={"lstm": {"T=100": 30.0}}, config=config)
     assert "| model | setting | seeds 4-6, mean | paper |" in results_page([tmp_path])

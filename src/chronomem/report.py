@@ -78,8 +78,9 @@ def _mean(values: list[Any]) -> Any:
 def _column(run: dict[str, Any]) -> str:
     """A run's column: its seed, or the seeds it averaged over itself (a scale with ``seeds`` > 1)."""
     seed = run.get("seed", 0)
-    scale = run.get("config", {}).get("scale", {}) if isinstance(run.get("config"), dict) else {}
-    count = scale.get("seeds", 1) if isinstance(scale, dict) else 1
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    scale = config.get("scale")  # the scale's settings, or its name beside them (the RL experiments)
+    count = scale.get("seeds", 1) if isinstance(scale, dict) else config.get("seeds", 1)
     return f"seed {seed}" if not isinstance(count, int) or count <= 1 else f"seeds {seed}-{seed + count - 1}, mean"
 
 

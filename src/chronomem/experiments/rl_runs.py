@@ -24,7 +24,8 @@ def check_no_time_budget(experiment: str, time_budget: float | None) -> None:
 
 def check_cores(experiment: str, models: tuple[str, ...], env_id: str, ppo: dict, options: dict[str, dict]) -> None:
     """Build every model's agent once, so that a core that cannot be an agent (one that does not take
-    ``done`` inside a call, or keeps no state) stops the run before any training, with a message naming the missing piece."""
+    ``done`` inside a call, or keeps no state) stops the run before any training, with a message
+    naming the missing piece."""
     from chronomem.envs.make import make_env
     from chronomem.rl.ppo import Args, make_agent
 
