@@ -307,7 +307,6 @@ class BalletEnv(_EnvBase):
         self._countdown = 1  # steps until the next dance starts (or the cue, once all have danced)
         self._frame = -1  # pycolab's frame counter: the reset frame below is frame 0
         self._done = False
-        self._reward = 0.0
         self._build_palette()
         self._advance(None)  # the reference's first frame is an update without an action
         return self._observe(), self._info()
@@ -371,7 +370,6 @@ class BalletEnv(_EnvBase):
         reward, terminated = self._advance(int(action))
         truncated = not terminated and self._frame >= self.max_steps  # the reference's frame >= max_steps
         self._done = terminated or truncated
-        self._reward = reward
         return self._observe(), reward, terminated, truncated, self._info()
 
     # ---- observations -------------------------------------------------------------------------
@@ -424,8 +422,9 @@ class BalletEnv(_EnvBase):
         if self._phase == "dance":
             strip[:, : round(strip.shape[1] * self._frame / self.cue_step)] = CLOCK_RGB
             return strip
-        if self._done:
-            strip[:] = SUCCESS_RGB if self._reward > 0 else FAILURE_RGB
+        if self._done:  # contact ends an episode, so it ended on the target iff the agent stands there
+            on_target = (self._positions[self.layout.target] == self._agent).all()
+            strip[:] = SUCCESS_RGB if on_target else FAILURE_RGB
         target = self._pixels[3 + self.layout.target]
         drawn = target.any(-1)  # the sprite's own pixels, over the strip's background
         strip[:, :CELL_PIXELS][drawn] = target[drawn]
