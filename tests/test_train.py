@@ -376,6 +376,80 @@ def test_budget_counts_training_seconds_across_resume(tmp_path, monkeypatch):
     assert all(r["lr"] == 0.0 for r in again.history if r["split"] == "train")
 
 
+def test_an_out_that_holds_a_run_is_refused_and_left_as_it_was(tmp_path):
+    # Running the README's example twice: the second call must not rewrite the first run's files nor
+    # leave its later checkpoints to be loaded as the new run's.
+    from chronomem.train import load_run, train_spec
+
+    spec = {"model": "lstm", "model_options": {"dim": 8, "depth": 1}, "task": "copy",
+            "task_options": {"seq_len": 4, "copy_len": 2}}
+    train_spec(spec, config(tmp_path, steps=6, checkpoint_every=3, schedule="constant"))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    other = {**spec, "model_options": {"dim": 12, "depth": 1}}
+    for again in (other, spec):
+        with pytest.raises(ValueError, match=r"out .* already holds a run \(config.json\): continue it with resume="):
+            train_spec(again, config(tmp_path, steps=4))
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path, steps=4))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    model, _, saved = load_run(tmp_path)
+    assert saved == spec
+    # resuming the run into its own directory is what the message offers, and it is allowed
+    train_spec(spec, config(tmp_path, steps=8, schedule="constant"), resume=tmp_path)
+    # resuming another run into a directory that holds a run is refused too
+    copy = tmp_path.parent / f"{tmp_path.name}-copy"
+    shutil.copytree(tmp_path, copy)
+    with pytest.raises(ValueError, match="already holds a run"):
+        train_spec(spec, config(tmp_path, steps=9), resume=copy)
+
+
+def test_ppo_refuses_an_out_that_holds_a_run(tmp_path):
+    from chronomem.rl.ppo import Args
+    from chronomem.rl.ppo import train as ppo_train
+
+    (tmp_path / "config.json").write_text('{"kind": "ppo"}')
+    with pytest.raises(ValueError, match="already holds a run"):
+        ppo_train(Args(env="popgym-RepeatPreviousEasy-v0", out=str(tmp_path)))
+    assert (tmp_path / "config.json").read_text() == '{"kind": "ppo"}' and len(list(tmp_path.iterdir())) == 1
+
+
+def _lrs(history):
+    return {r["step"]: r["lr"] for r in history if r["split"] == "train"}
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_resume_with_more_steps_spreads_the_remaining_decay(tmp_path, schedule):
+    # Stopped at step 6 of 12 (warmup 3), then continued to 24 steps: the lr goes on from where it was
+    # and reaches 0 at the new total, along the rest of the same decay, never jumping back up.
+    task = CopyTask(seq_len=4, copy_len=2)
+    kw = dict(schedule=schedule, warmup=3, log_every=1)
+    full = train(make_model(), task, config(tmp_path / "a", steps=12, checkpoint_every=6, **kw))
+    before = _lrs(full.history)
+    after = _lrs(train(make_model(), task, config(tmp_path / "a", steps=24, **kw),
+                       resume=tmp_path / "a" / "checkpoints" / "step_00000006").history)
+    done_at_6 = (6 - 3) / (12 - 3)
+
+    def factor(progress):
+        return 1 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+
+    for step, lr in after.items():  # the lr logged at a step is the one of the next step
+        expected = 3e-3 * factor(done_at_6 + (1 - done_at_6) * (step - 6) / (24 - 6))
+        assert lr == pytest.approx(expected, abs=1e-12), step
+    assert after[24] == pytest.approx(0.0, abs=1e-12)
+    assert after[7] < before[6] and list(after.values()) == sorted(after.values(), reverse=True)
+
+
+def test_extending_a_run_whose_decay_reached_zero_is_refused(tmp_path):
+    task = CopyTask(seq_len=4, copy_len=2)
+    train(make_model(), task, config(tmp_path, steps=6, schedule="linear"))
+    with pytest.raises(ValueError, match="reached lr 0 at step 6"):
+        train(make_model(), task, config(tmp_path, steps=12, schedule="linear"), resume=tmp_path)
+    # a constant schedule (here with a warmup) extends as before
+    train(make_model(), task, config(tmp_path / "c", steps=6, schedule="constant"))
+    more = train(make_model(), task, config(tmp_path / "c", steps=9, schedule="constant"), resume=tmp_path / "c")
+    assert set(_lrs(more.history).values()) == {3e-3}
+
+
 def test_loss_and_accuracy_masks():
     logits = torch.tensor([[[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]]])
     targets = torch.tensor([[0, 0, 1]])
@@ -576,3 +650,20 @@ def test_load_run_errors_are_clear(tmp_path):
     train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path / "bare", steps=1))  # no spec
     with pytest.raises(CheckpointError, match="names no model and task"):
         load_run(tmp_path / "bare")
+
+
+def test_a_tasks_own_progress_follows_the_run(tmp_path):
+    # A task that generates its data at the first batch (ListOps) asks progress.wanted whether to show
+    # it: inside train() the answer is the run's own setting, so --no-progress silences it too.
+    from chronomem.train import progress
+
+    class Asking(CopyTask):
+        def sample(self, *args, **kwargs):
+            asked.append(progress.wanted(True)[0])
+            return super().sample(*args, **kwargs)
+
+    for shown in (False, True):
+        asked = []
+        train(make_model(), Asking(seq_len=4, copy_len=2),
+              config(tmp_path / str(shown), steps=2, progress=shown, eval_examples=8))
+        assert asked and set(asked) == {shown}

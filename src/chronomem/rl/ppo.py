@@ -57,7 +57,14 @@ from torch import Tensor
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
 from chronomem.heads import ActorCritic
-from chronomem.train.checkpoint import find_checkpoint, load_checkpoint, rewind, save_checkpoint, save_config
+from chronomem.train.checkpoint import (
+    check_new_run,
+    load_checkpoint,
+    resume_point,
+    rewind,
+    save_checkpoint,
+    save_config,
+)
 from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
 from chronomem.train.loop import setting
 from chronomem.train.metrics import MetricsLogger
@@ -98,7 +105,7 @@ class Args:
                                         resumable=True)
     seed: int = setting(1, "seed of the weights, the actions and the environments (rank r's envs: seed + r)")
     torch_threads: int = setting(1, "torch threads (one is faster on 2 cores: the envs need the other)",
-                                 resumable=True)
+                                 resumable=True, aliases=("--threads",))
     log_every: int = setting(1, "updates between logged rows", resumable=True)
     checkpoint_every: int = setting(0, "updates between checkpoints (0: only the final one)", resumable=True)
     out: str | None = setting(None, "run directory (config.json, metrics.csv, checkpoints)")
@@ -466,6 +473,8 @@ def train(args: Args, core_options: dict[str, Any] | None = None, resume: str | 
     Launched by torchrun (``WORLD_SIZE`` > 1 in the environment) it joins the process group (or uses
     the one already initialised) and runs as one of the ranks (module docstring, "Scale-out"); every
     rank returns the same weights and history. A process group it created is destroyed at the end."""
+    if args.out:
+        check_new_run(Path(args.out), None if resume is None else Path(resume))
     threads = torch.get_num_threads()
     torch.set_num_threads(args.torch_threads)
     device = default_device(args.device)
@@ -501,8 +510,8 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         broadcast_weights(agent, ctx)
         frames, seconds_before = 0, 0.0
         run_dir = Path(args.out) if args.out and ctx.is_main else None
-        if resume is not None:
-            checkpoint = find_checkpoint(Path(resume))
+        checkpoint = None if resume is None else resume_point(Path(resume))
+        if checkpoint is not None:
             saved = load_checkpoint(checkpoint, agent, map_location=device)
             frames, seconds_before = int(saved["step"]), float(saved["seconds"])
             optimizer.load_state_dict(saved["optimizer"])
@@ -517,7 +526,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             torch.manual_seed(rank_seed(args.seed, ctx.rank, frames))
         logger = MetricsLogger(run_dir)
         if run_dir is not None:
-            if resume is not None:
+            if checkpoint is not None:
                 rewind(run_dir, frames)
             logger.rewind(frames)
             save_config(run_dir, {"kind": "ppo", "args": dataclasses.asdict(args), "core_options": core_options})
@@ -529,7 +538,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         tracker = EpisodeTracker(args.num_envs)
         history: list[dict[str, Any]] = []
         update = frames // frames_per_update
-        saved_update = update if resume is not None else None
+        saved_update = update if checkpoint is not None else None
         start, window_start, window_frames, window = time.perf_counter(), time.perf_counter(), 0, []
         while update < num_updates:
             update += 1

@@ -87,12 +87,27 @@ def save_config(run_dir: Path, config: dict[str, Any]) -> None:
 def load_config(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "config.json"
     if not path.exists():
-        raise CheckpointError(f"{path} not found: --resume needs a run directory written by chronomem train "
-                              "(or one of its checkpoints/step_N directories)")
+        raise CheckpointError(f"{path} not found: {path.parent} is not a run directory (one written by chronomem "
+                              "train holds config.json and checkpoints/step_N)")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path} is not valid JSON ({err})") from err
+
+
+def check_new_run(out: Path, resume: Path | None = None, flag: str = "out") -> None:
+    """Refuse to start a run in ``out`` when it already holds one (a ``config.json``), unless the run
+    resumed (``resume``: a run directory or one of its checkpoints) is that very run: starting anew
+    there would rewrite its config and metrics and leave its checkpoints of later steps to be loaded
+    as this run's. The Python API and the command line refuse alike (``flag`` names the argument)."""
+    out = Path(out)
+    if not (out / "config.json").exists():
+        return
+    if resume is not None and locate_run(Path(resume))[0].resolve() == out.resolve():
+        return
+    resume_it = f"--resume {out}" if flag.startswith("--") else f"resume={str(out)!r}"
+    raise ValueError(f"{flag} {out} already holds a run (config.json): continue it with {resume_it}, "
+                     f"or choose another {flag}")
 
 
 def locate_run(path: Path) -> tuple[Path, Path | None]:
@@ -158,6 +173,16 @@ def rewind(run_dir: Path, step: int) -> list[Path]:
         renamed.append(target)
     _fsync(root)
     return renamed
+
+
+def resume_point(path: Path) -> Path | None:
+    """The checkpoint that resuming ``path`` loads (``find_checkpoint``), or None when ``path`` is a run
+    directory killed before its first checkpoint: that run starts again from step 0, in place."""
+    path = Path(path)
+    if (path / "config.json").exists() and not (path / "model.safetensors").exists() \
+            and not list_checkpoints(path / "checkpoints"):
+        return None
+    return find_checkpoint(path)
 
 
 def find_checkpoint(path: Path) -> Path:

@@ -21,11 +21,12 @@ from torch import nn
 from chronomem.train import distributed, progress
 from chronomem.train.checkpoint import (
     CheckpointError,
-    find_checkpoint,
+    check_new_run,
     load_checkpoint,
     load_config,
     load_weights,
     locate_run,
+    resume_point,
     rewind,
     save_checkpoint,
     save_config,
@@ -124,15 +125,18 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def make_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: TrainConfig, budget_spent: Callable[[], float] | None = None
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig, budget_spent: Callable[[], float] | None = None,
+    anchor: tuple[int, float] | None = None,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup over ``warmup`` steps, then constant, linear decay or cosine decay to zero, or
     ``"rsqrt"``: ``lr * sqrt(warmup / step)``, the inverse square root decay of Long Range Arena's
     trainer (``constant * linear_warmup * rsqrt_decay``, with ``lr`` its peak, reached at ``warmup``).
 
-    With ``cfg.anneal_by == "budget"``, ``budget_spent()`` (the fraction of ``cfg.time_budget`` used
-    so far) advances the decay when it is ahead of the step count.
+    A decay runs along ``decay_progress`` from ``anchor`` (default: progress 0 at the end of the
+    warmup) to progress 1 at ``cfg.steps``. With ``cfg.anneal_by == "budget"``, ``budget_spent()``
+    (the fraction of ``cfg.time_budget`` used so far) advances the decay when it is ahead of the steps.
     """
+    anchor = (cfg.warmup, 0.0) if anchor is None else anchor
 
     def factor(step: int) -> float:
         if cfg.warmup and step < cfg.warmup:
@@ -141,7 +145,7 @@ def make_scheduler(
             return 1.0
         if cfg.schedule == "rsqrt":  # never reaches zero, so neither the step count nor a budget moves it
             return math.sqrt(max(1, cfg.warmup) / max(1, cfg.warmup, step))
-        progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        progress = decay_progress(step, cfg.steps, anchor)
         if cfg.anneal_by == "budget" and budget_spent is not None:
             progress = max(progress, budget_spent())
         progress = min(1.0, progress)
@@ -150,6 +154,29 @@ def make_scheduler(
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def decay_progress(step: int, total: int, anchor: tuple[int, float]) -> float:
+    """How far a decaying schedule is at ``step`` (0: the peak lr, 1: lr 0), going in a straight line
+    from ``anchor = (step_a, progress_a)`` to 1 at ``total``. A run starts with ``(warmup, 0)``; a
+    run resumed at step s with a new total continues from ``(s, its progress at s)``, so the lr does
+    not jump at the resume and the decay left is spread over the new total."""
+    start, done = anchor
+    return done + (1.0 - done) * (step - start) / max(1, total - start)
+
+
+def resumed_anchor(cfg: TrainConfig, step: int, saved_total: int, anchor: tuple[int, float]) -> tuple[int, float]:
+    """The schedule's anchor of a run resumed at ``step`` with ``cfg.steps`` as its new total, when its
+    checkpoint was decaying towards ``saved_total`` along ``anchor``. A run whose decay had already
+    reached lr 0 cannot be extended (every new step would train at lr 0): ValueError."""
+    if cfg.steps == saved_total or step <= anchor[0] or cfg.schedule not in ("linear", "cosine"):
+        return anchor  # the same total, the warmup not over, or a schedule that ignores the total
+    done = min(1.0, decay_progress(step, saved_total, anchor))
+    if done >= 1.0:
+        raise ValueError(f"steps {cfg.steps}: the run's {cfg.schedule} schedule reached lr 0 at step {step}, so the "
+                         "steps added would train at lr 0; start a new run (a constant or rsqrt schedule can be "
+                         "extended)")
+    return step, done
 
 
 def loss_terms(model: nn.Module, task_loss: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -197,12 +224,16 @@ def train(
     """Train ``model`` on ``task``. ``spec`` (JSON-able model/task description) goes into config.json.
 
     With ``cfg.out`` set, checkpoints go to ``cfg.out/checkpoints`` (atomically); ``resume`` (a run
-    directory or a checkpoint directory) restores weights, optimizer, scheduler, RNG and step. The run
+    directory or a checkpoint directory) restores weights, optimizer, scheduler, RNG and step (a run
+    directory killed before its first checkpoint starts again from step 0). The run
     then continues in ``cfg.out`` as if never interrupted: checkpoints after the resumed step are set
     aside (``checkpoint.rewind``) and metrics.csv drops the rows logged after it, so no step is
     logged twice and its ``seconds`` column continues from the checkpoint's training time. Without
-    ``resume``, metrics.csv in ``cfg.out`` is started anew.
+    ``resume``, ``cfg.out`` must not hold a run yet (``check_new_run``: ValueError).
     """
+    run_dir = Path(cfg.out) if cfg.out else None
+    if run_dir is not None:
+        check_new_run(run_dir, None if resume is None else Path(resume))
     device = distributed.default_device(cfg.device)
     ctx = distributed.setup(device)
     torch.manual_seed(cfg.seed)
@@ -213,17 +244,20 @@ def train(
     # budget-annealed schedule. Read once per step, averaged over ranks, so that every rank anneals
     # alike and stops at the same step.
     seconds_before = trained = 0.0
-    scheduler = make_scheduler(optimizer, cfg, lambda: trained / cfg.time_budget)
-    run_dir = Path(cfg.out) if cfg.out else None
+    anchor = (cfg.warmup, 0.0)  # where the schedule's decay starts (decay_progress)
     start_step = 0
     saved_step = None  # the step of run_dir's newest checkpoint of this run, if any
-    if resume is not None:
-        checkpoint = find_checkpoint(Path(resume))
+    checkpoint = None if resume is None else resume_point(Path(resume))
+    if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, map_location=device)
         start_step = int(state["step"])
         if start_step > cfg.steps:
             raise ValueError(f"--steps {cfg.steps} is below the step of the checkpoint resumed, {start_step} "
                              f"({checkpoint}); --steps is the run's new total")
+        saved_total = int(state.get("total_steps") or _saved_steps(checkpoint, cfg.steps))
+        anchor = resumed_anchor(cfg, start_step, saved_total, tuple(state.get("schedule_anchor", anchor)))
+    scheduler = make_scheduler(optimizer, cfg, lambda: trained / cfg.time_budget, anchor)
+    if checkpoint is not None:  # the optimizer after the scheduler, whose construction sets the lr of step 0
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -232,7 +266,7 @@ def train(
             saved_step = start_step
     logger = MetricsLogger(run_dir, enabled=ctx.is_main)
     if run_dir is not None and ctx.is_main:
-        if resume is not None:
+        if checkpoint is not None:
             rewind(run_dir, start_step)
         logger.rewind(start_step)  # a new run (step 0) starts the file anew
         save_config(run_dir, {"spec": spec or {}, "train": dataclasses.asdict(cfg)})
@@ -246,83 +280,99 @@ def train(
     show, prefix = progress.wanted(cfg.progress)
     model_name = (spec or {}).get("model", type(model).__name__)
     label = f"{model_name} on {getattr(task, 'name', type(task).__name__)}, seed {cfg.seed}"
-    reporter = progress.Progress(cfg.steps, start_step, f"{prefix}: {label}" if prefix else label,
-                                 show and ctx.is_main, cfg.time_budget, seconds_before)
-    t0 = time.perf_counter()
-    window_tokens, window_start = 0, time.perf_counter()
-    window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
-    stopped_early = False
-    step = start_step
-    model.train()
-    while step < cfg.steps:
-        batch = task.sample(cfg.batch_size, batch_generator(cfg.seed, ctx.rank, step)).to(device)
-        logits, _ = ddp_model(batch.inputs, mask=batch.mask)
-        loss, correct, count = loss_and_accuracy(logits, batch, task.kind)
-        terms = loss_terms(model, loss)
-        optimizer.zero_grad(set_to_none=True)
-        sum(terms.values()).backward()
-        if cfg.clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        optimizer.step()
-        trained = seconds_before + time.perf_counter() - t0
-        if cfg.time_budget is not None and ctx.distributed:
-            trained = float(distributed.all_reduce_mean(torch.tensor([trained], device=device), ctx)[0])
-        scheduler.step()
-        step += 1
-        for name, value in terms.items():
-            run_terms[name] = run_terms.get(name, 0.0) + value.item()
-        run_correct, run_count = run_correct + int(correct), run_count + int(count)
-        window_tokens += batch.num_tokens * ctx.world_size
-        window_steps += 1
-        logged = None
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            # Every rank produces the same terms (one model), so their means reduce in one tensor.
-            stats = distributed.all_reduce_mean(torch.tensor(
-                [*(total / window_steps for total in run_terms.values()), 100.0 * run_correct / max(1.0, run_count)],
-                device=device,  # NCCL reduces only tensors on the GPU
-            ), ctx).cpu().tolist()
-            elapsed = time.perf_counter() - window_start
-            row = {
-                "step": step, "split": "train",
-                **{name: round(mean, 5) for name, mean in zip(run_terms, stats[:-1], strict=True)},
-                "accuracy": round(stats[-1], 3), "lr": scheduler.get_last_lr()[0],
-                "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)),
-                "seconds": round(trained, 2),  # training seconds since the run began, across resumes
-            }
+    # Within this block the task's own long steps (data generated at the first batch, as ListOps does)
+    # show progress as this run does, and stay silent with it (and on every rank but the first).
+    with progress.reporting(show and ctx.is_main, prefix):
+        reporter = progress.Progress(cfg.steps, start_step, f"{prefix}: {label}" if prefix else label,
+                                     show and ctx.is_main, cfg.time_budget, seconds_before)
+        t0 = time.perf_counter()
+        window_tokens, window_start = 0, time.perf_counter()
+        window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
+        stopped_early = False
+        step = start_step
+        model.train()
+        while step < cfg.steps:
+            batch = task.sample(cfg.batch_size, batch_generator(cfg.seed, ctx.rank, step)).to(device)
+            logits, _ = ddp_model(batch.inputs, mask=batch.mask)
+            loss, correct, count = loss_and_accuracy(logits, batch, task.kind)
+            terms = loss_terms(model, loss)
+            optimizer.zero_grad(set_to_none=True)
+            sum(terms.values()).backward()
+            if cfg.clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            optimizer.step()
+            trained = seconds_before + time.perf_counter() - t0
+            if cfg.time_budget is not None and ctx.distributed:
+                trained = float(distributed.all_reduce_mean(torch.tensor([trained], device=device), ctx)[0])
+            scheduler.step()
+            step += 1
+            for name, value in terms.items():
+                run_terms[name] = run_terms.get(name, 0.0) + value.item()
+            run_correct, run_count = run_correct + int(correct), run_count + int(count)
+            window_tokens += batch.num_tokens * ctx.world_size
+            window_steps += 1
+            logged = None
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                # Every rank produces the same terms (one model), so their means reduce in one tensor.
+                means = [total / window_steps for total in run_terms.values()]
+                stats = distributed.all_reduce_mean(torch.tensor(
+                    [*means, 100.0 * run_correct / max(1.0, run_count)],
+                    device=device,  # NCCL reduces only tensors on the GPU
+                ), ctx).cpu().tolist()
+                elapsed = time.perf_counter() - window_start
+                row = {
+                    "step": step, "split": "train",
+                    **{name: round(mean, 5) for name, mean in zip(run_terms, stats[:-1], strict=True)},
+                    "accuracy": round(stats[-1], 3), "lr": scheduler.get_last_lr()[0],
+                    "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)),
+                    "seconds": round(trained, 2),  # training seconds since the run began, across resumes
+                }
+                history.append(row)
+                logger.log(row)
+                logged = row
+                window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
+                window_tokens, window_start = 0, time.perf_counter()
+            reporter.update(step, *((logged["loss"], logged["accuracy"]) if logged else ()))
+            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and ctx.is_main:
+                row = {"step": step, "split": "val", **evaluate(model, task, eval_bs, cfg.eval_examples, "val")}
+                history.append(row)
+                logger.log(row)
+            if run_dir is not None and ctx.is_main and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained, cfg, anchor))
+                saved_step = step
+            if cfg.time_budget is not None and trained > cfg.time_budget and step < cfg.steps:
+                stopped_early = True
+                break
+        seconds = seconds_before + time.perf_counter() - t0
+        if run_dir is not None and ctx.is_main and saved_step != step:
+            save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained, cfg, anchor))
+        metrics = evaluate(model, task, eval_bs, cfg.eval_examples, "test") if ctx.is_main else {}
+        if ctx.is_main:
+            row = {"step": step, "split": "test", **metrics, "seconds": round(seconds, 2)}
             history.append(row)
             logger.log(row)
-            logged = row
-            window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
-            window_tokens, window_start = 0, time.perf_counter()
-        reporter.update(step, *((logged["loss"], logged["accuracy"]) if logged else ()))
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and ctx.is_main:
-            row = {"step": step, "split": "val", **evaluate(model, task, eval_bs, cfg.eval_examples, "val")}
-            history.append(row)
-            logger.log(row)
-        if run_dir is not None and ctx.is_main and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained))
-            saved_step = step
-        if cfg.time_budget is not None and trained > cfg.time_budget and step < cfg.steps:
-            stopped_early = True
-            break
-    seconds = seconds_before + time.perf_counter() - t0
-    if run_dir is not None and ctx.is_main and saved_step != step:
-        save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained))
-    metrics = evaluate(model, task, eval_bs, cfg.eval_examples, "test") if ctx.is_main else {}
-    if ctx.is_main:
-        row = {"step": step, "split": "test", **metrics, "seconds": round(seconds, 2)}
-        history.append(row)
-        logger.log(row)
-    reporter.close(step, seconds, metrics, stopped_early)
+        reporter.close(step, seconds, metrics, stopped_early)
     logger.close()
     distributed.cleanup(ctx)
     return TrainResult(model, metrics, step, seconds, history, stopped_early)
 
 
-def _trainer_state(step: int, optimizer, scheduler, seconds: float) -> dict[str, Any]:
+def _saved_steps(checkpoint: Path, default: int) -> int:
+    """The total steps of the run a checkpoint written before ``total_steps`` was saved belongs to: its
+    ``config.json``'s (``default`` for a checkpoint outside a run directory)."""
+    try:
+        return int(load_config(checkpoint.parent.parent)["train"]["steps"])
+    except (CheckpointError, KeyError, TypeError):
+        return default
+
+
+def _trainer_state(step: int, optimizer, scheduler, seconds: float, cfg: TrainConfig,
+                   anchor: tuple[int, float]) -> dict[str, Any]:
     return {
         "step": step,
         "seconds": seconds,
+        "total_steps": cfg.steps,  # with the anchor: the decay this run follows (resumed_anchor)
+        "schedule_anchor": list(anchor),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "rng": {"torch": torch.get_rng_state()},
