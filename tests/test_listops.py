@@ -210,6 +210,66 @@ def test_generation_is_seeded():
     assert tree is None or length < 5
 
 
+def test_generated_data_is_the_same_as_before_the_memory_change():
+    """Digests of what the implementation before ``draw`` (token-tuple keys, lists of trees) produced:
+    keeping only token ids must not change a single expression."""
+    import hashlib
+
+    task = ListOpsTask(min_length=10, max_length=60, num_train=40, num_val=8, num_test=12, seed=0)
+    digest = hashlib.sha256()
+    for split in ("test", "val", "train"):
+        ids, labels = task.split(split)
+        for x in ids:
+            digest.update(x.tobytes() + b"|")
+        digest.update(labels.tobytes())
+    assert digest.hexdigest() == "62ad88a7304093881cdd634b273fecf49a88abca34f58ab1a46db67004884205"
+    trees = repr(lo.generate(20, 10, 50, seed=5)).encode()
+    assert hashlib.sha256(trees).hexdigest() == "d448522481f4989a89ed55a73561dd90ddf13dda9d84659418ffe9d6fb12d501"
+    drawn = list(lo.draw(20, 10, 50, seed=5))
+    assert [(t, v) for t, v, _ in drawn] == lo.generate(20, 10, 50, seed=5)
+    assert all(np.array_equal(ids, lo.encode(lo.to_tokens(t))) for t, _, ids in drawn)
+
+
+def test_lra_sized_data_takes_a_few_kilobytes_an_expression():
+    """Kept: one uint8 id per token and its bytes in the duplicate check (before: ~58 KB an expression
+    of LRA's lengths, one str object per token; 4.7 GB for the 96,000 of LRA's training set)."""
+    import gc
+    import tracemalloc
+
+    ListOpsTask(min_length=1, max_length=5, num_train=1, num_val=0, num_test=0).split("train")  # imports done
+    tracemalloc.start()
+    try:
+        task = ListOpsTask(num_train=30, num_val=0, num_test=0, seed=0)
+        ids, _ = task.split("train")
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    tokens = sum(len(x) for x in ids)
+    assert all(x.dtype == np.uint8 for x in ids) and all(isinstance(k, bytes) for k in task._exclude)
+    assert kept < 3 * tokens + 30 * 1_000, (kept, tokens)
+
+
+def test_generation_progress_on_stderr(monkeypatch, capsys):
+    from chronomem.train import progress
+
+    options = dict(min_length=10, max_length=40, num_train=6, num_val=0, num_test=3, seed=0)
+    ListOpsTask(**options).split("train")  # a short generation leaves no trace
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)
+    ListOpsTask(**options).split("train")
+    err = capsys.readouterr().err
+    assert "listops test split: expression 3/3 (100%)" in err and "listops test split: done, 3 expressions" in err
+    assert "listops train split: expression 6/6" in err and "listops train split: done, 6 expressions" in err
+    ListOpsTask(**options, progress=False).split("train")
+    with progress.reporting(False):
+        ListOpsTask(**options).split("train")
+    assert capsys.readouterr().err == ""
+    with progress.reporting(True, label="listops-exp"):  # as in chronomem run: the block decides
+        ListOpsTask(**options, progress=False).split("test")
+    assert "listops-exp: listops test split: done, 3 expressions" in capsys.readouterr().err
+
+
 TRAIN_AVAILABLE = importlib.util.find_spec("chronomem.train") is not None
 
 

@@ -31,7 +31,6 @@ def test_bad_input_fails_with_a_clear_message(argv, message, capsys, tmp_path):
 
 def test_train_resume_eval_and_gif(tmp_path, capsys):
     pytest.importorskip("minigrid")
-    pytest.importorskip("imageio")
     out = tmp_path / "run"
     argv = ["rl", "train", *TINY, "--total-frames", "16", "--out", str(out), "--core-opt", "hidden=6"]
     assert main(argv) == 0
@@ -63,7 +62,6 @@ def test_train_resume_eval_and_gif(tmp_path, capsys):
 
 def test_eval_on_a_larger_minigrid_and_gif(tmp_path, capsys):
     pytest.importorskip("minigrid")
-    pytest.importorskip("imageio")
     out = tmp_path / "run"
     assert main(["rl", "train", "--env", "MiniGrid-DoorKey-5x5-v0", "--dim", "8", "--hidden", "8", "--num-envs", "2",
                  "--num-steps", "4", "--num-minibatches", "1", "--update-epochs", "1", "--total-frames", "8",
@@ -75,3 +73,8 @@ def test_eval_on_a_larger_minigrid_and_gif(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["env"] == "MiniGrid-DoorKey-6x6-v0" and result["episodes"] == 2
     assert gif.read_bytes()[:6] in (b"GIF87a", b"GIF89a") and result["gif_episode"]["length"] >= 1
+    from PIL import Image
+
+    with Image.open(gif) as film:  # one frame per step (none merged), 8 fps, 6x6 cells of 32 px enlarged x3
+        assert film.n_frames == result["gif_episode"]["length"] + 1 and film.size == (576, 576)
+        assert film.info["duration"] == 120

@@ -120,7 +120,7 @@ def run_job(job: Job) -> dict[str, Any]:
         for column, env_id in zip(COLUMNS[job.pair], (pair.train, pair.test), strict=True):
             torch.manual_seed(EVAL_SEED + job.seed)  # the sampled actions, as the env seeds, fixed per run
             evaluations[column] = evaluate(result.agent.eval(), env_id, s.episodes, EVAL_SEED + job.seed,
-                                           min(16, s.episodes), **options)
+                                           min(16, s.episodes), progress=job.progress, **options)
     finally:
         torch.set_num_threads(threads)
     last = result.history[-1] if result.history else {}

@@ -1,5 +1,8 @@
 """Trained agents: load a PPO run, measure its mean return on any environment with the same
-observation and action spaces (MiniGrid's small-to-large transfer), and film an episode as a GIF."""
+observation and action spaces (MiniGrid's small-to-large transfer), and film an episode as a GIF.
+
+Both show their progress on stderr (``EpisodeProgress``) unless ``progress=False``; inside a
+``chronomem.train.progress.reporting`` block (an experiment's) that block decides instead."""
 
 from __future__ import annotations
 
@@ -12,8 +15,10 @@ import torch
 from chronomem.envs.make import env_seeds, make_env, make_vector_env
 from chronomem.heads import ActorCritic
 from chronomem.rl.ppo import Args, as_tensor, make_agent, obs_map
+from chronomem.rl.progress import EpisodeProgress
 from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run
 from chronomem.train.distributed import default_device
+from chronomem.train.progress import wanted
 
 
 def load_agent(run: str | Path, env_id: str | None = None, device=None) -> tuple[ActorCritic, Args, Path]:
@@ -35,6 +40,11 @@ def load_agent(run: str | Path, env_id: str | None = None, device=None) -> tuple
     return agent.to(default_device(device)).eval(), args, checkpoint
 
 
+def _reporter(total: int, label: str, progress: bool) -> EpisodeProgress:
+    show, prefix = wanted(progress)
+    return EpisodeProgress(total, f"{prefix}: {label}" if prefix else label, show)
+
+
 def _act(agent: ActorCritic, obs, state, greedy: bool):
     device = next(agent.parameters()).device
     logits, _, state = agent(obs_map(lambda x: x.unsqueeze(1), as_tensor(obs, device)), state)
@@ -45,23 +55,25 @@ def _act(agent: ActorCritic, obs, state, greedy: bool):
 
 @torch.inference_mode()
 def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0, num_envs: int = 16,
-             greedy: bool = False, **env_options) -> dict[str, Any]:
+             greedy: bool = False, progress: bool = True, **env_options) -> dict[str, Any]:
     """Mean return over ``episodes`` episodes of ``env_id`` (actions sampled, or the most likely with
     ``greedy``; ``env_options`` go to ``gym.make``, e.g. ``max_episode_steps``). Environment i runs a
     fixed share of the episodes, so short episodes are not favoured (counting the first ``episodes``
-    to end would be)."""
+    to end would be). Only the returns and lengths are kept, whatever the episodes' length."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
     n = min(num_envs, episodes)
     quota = [episodes // n + (i < episodes % n) for i in range(n)]
     envs = make_vector_env(env_id, n, **env_options)
+    reporter = _reporter(episodes, f"evaluating on {env_id}", progress)
     try:
         obs, _ = envs.reset(seed=env_seeds(seed, 0, n))
         device = next(agent.parameters()).device
         state = agent.initial_state(n, device)
         running, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
         finished: list[list[tuple[float, int]]] = [[] for _ in range(n)]
-        while any(len(done) < q for done, q in zip(finished, quota, strict=True)):
+        counted = steps = 0
+        while counted < episodes:
             action, state = _act(agent, obs, state, greedy)
             obs, reward, term, trunc, _ = envs.step(action)
             running, lengths = running + reward, lengths + 1
@@ -69,11 +81,15 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
             for i in np.flatnonzero(done):
                 if len(finished[i]) < quota[i]:
                     finished[i].append((float(running[i]), int(lengths[i])))
+                    counted += 1
             running[done], lengths[done] = 0.0, 0
             if done.any():
                 state = state.reset(torch.as_tensor(done, device=device))
+            steps += n
+            reporter.update(counted, steps)
     finally:
         envs.close()
+    reporter.close()
     returns = np.array([r for env in finished for r, _ in env])
     lengths = np.array([n for env in finished for _, n in env])
     return {"env": env_id, "episodes": episodes, "return_mean": round(float(returns.mean()), 4),
@@ -83,30 +99,39 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
 
 @torch.inference_mode()
 def record_gif(agent: ActorCritic, env_id: str, path: str | Path, seed: int = 0, greedy: bool = False,
-               fps: int = 8) -> dict[str, Any]:
+               fps: float = 8, progress: bool = True, **env_options) -> dict[str, Any]:
     """Play one episode of ``env_id`` and write its frames (the env's ``rgb_array`` rendering) to ``path``
-    as an animated GIF; returns the episode's return and length."""
+    as an animated GIF of ``fps`` frames a second (``env_options`` go to ``gym.make``, as in
+    ``evaluate``); returns the episode's return and length.
+
+    Each frame goes to the file as soon as it is rendered (``chronomem.rl.gif.GifWriter``), so memory
+    stays that of one frame however long the episode; frames smaller than ``MIN_GIF_SIDE`` px on their
+    short side are enlarged by an integer factor (Ballet's 108 x 99 px become 540 x 495)."""
     try:
-        import imageio.v2 as imageio
+        from chronomem.rl.gif import GifWriter
     except ModuleNotFoundError:
-        raise ModuleNotFoundError("--gif needs imageio: pip install 'chronomem[rl]'") from None
-    probe = make_env(env_id)
+        raise ModuleNotFoundError("--gif needs Pillow: pip install 'chronomem[rl]'") from None
+    probe = make_env(env_id, **env_options)
     modes = probe.metadata.get("render_modes", [])
     probe.close()
     if "rgb_array" not in modes:
         raise ValueError(f"--gif: {env_id} renders no rgb_array frames (its render modes: {modes})")
-    env = make_env(env_id, render_mode="rgb_array")
+    env = make_env(env_id, render_mode="rgb_array", **env_options)
+    reporter = _reporter(1, f"GIF of {env_id}", progress)
     try:
-        obs, _ = env.reset(seed=seed)
-        frames, total, steps, done = [env.render()], 0.0, 0, False
-        state = agent.initial_state(1, next(agent.parameters()).device)
-        while not done:
-            batched = obs_map(lambda x: np.asarray(x)[None], obs)
-            action, state = _act(agent, batched, state, greedy)
-            obs, reward, terminated, truncated, _ = env.step(int(action[0]))
-            frames.append(env.render())
-            total, steps, done = total + float(reward), steps + 1, terminated or truncated
+        with GifWriter(path, fps) as gif:
+            obs, _ = env.reset(seed=seed)
+            gif.append(env.render())
+            total, steps, done = 0.0, 0, False
+            state = agent.initial_state(1, next(agent.parameters()).device)
+            while not done:
+                batched = obs_map(lambda x: np.asarray(x)[None], obs)
+                action, state = _act(agent, batched, state, greedy)
+                obs, reward, terminated, truncated, _ = env.step(int(action[0]))
+                gif.append(env.render())
+                total, steps, done = total + float(reward), steps + 1, terminated or truncated
+                reporter.update(int(done), steps)
     finally:
         env.close()
-    imageio.mimsave(str(path), frames, duration=1000 / fps, loop=0)
+    reporter.close()
     return {"gif": str(path), "return": round(total, 4), "length": steps}

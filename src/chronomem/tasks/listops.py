@@ -32,7 +32,8 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -260,32 +261,52 @@ def generate(
 ) -> list[tuple[Tree, int]]:
     """``num`` distinct expressions with ``min_length < length < max_length`` (LRA's strict bounds).
 
-    ``exclude`` holds token tuples that must not be produced (e.g. the test set when drawing the
-    training set) and is extended with the new ones. Returns ``[(tree, label)]``.
+    ``exclude`` holds the expressions that must not be produced (e.g. the test set when drawing the
+    training set), each as the bytes of its token ids, ``encode(tokens).tobytes()``, and is extended
+    with the new ones. Returns ``[(tree, label)]``.
     """
+    return [(tree, value) for tree, value, _ in draw(num, min_length, max_length, seed, max_depth, max_args,
+                                                     exclude, max_tries)]
+
+
+def draw(
+    num: int,
+    min_length: int,
+    max_length: int,
+    seed: int | str = 0,
+    max_depth: int = 10,
+    max_args: int = 10,
+    exclude: set | None = None,
+    max_tries: int | None = None,
+) -> Iterator[tuple[Tree, int, np.ndarray]]:
+    """``generate`` one expression at a time: yields ``(tree, label, token ids)``, the same expressions in
+    the same order. A caller that keeps only the ids (uint8, one byte a token) holds a data set in a
+    small part of the memory its trees would take."""
     _check_lengths(min_length, max_length)
     if max_depth < 1 or max_args < 2:
         raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}")
     rng = random.Random(seed if isinstance(seed, int) else _stable_int(seed))
+    # Keys are bytes, not tuples of token strings: each token of such a tuple is its own str object
+    # (``to_tokens`` calls ``str``), about 50 bytes a token against 1 here.
     seen = exclude if exclude is not None else set()
-    out: list[tuple[Tree, int]] = []
-    tries, limit = 0, max_tries if max_tries is not None else 20_000 * max(num, 1) + 100_000
-    while len(out) < num:
+    found, tries, limit = 0, 0, max_tries if max_tries is not None else 20_000 * max(num, 1) + 100_000
+    while found < num:
         tries += 1
         if tries > limit:
             raise RuntimeError(
-                f"found only {len(out)} of {num} ListOps expressions with {min_length} < length < "
+                f"found only {found} of {num} ListOps expressions with {min_length} < length < "
                 f"{max_length} after {limit} draws; widen the length range or raise max_depth"
             )
         tree, length, value = generate_tree(rng, max_depth, max_args, max_length)
         if tree is None or length <= min_length:
             continue
-        key = tuple(to_tokens(tree))
+        ids = encode(to_tokens(tree))
+        key = ids.tobytes()
         if key in seen:
             continue
         seen.add(key)
-        out.append((tree, value))
-    return out
+        found += 1
+        yield tree, value, ids
 
 
 def augment(tokens: Sequence[str], k: int) -> list[str]:
@@ -320,14 +341,25 @@ def _stable_int(text: str) -> int:
 
 def write_tsv(path: str | Path, examples: Iterable[tuple[Tree | str | Sequence[str], int]]) -> None:
     """Write ``(expression, label)`` rows in the LRA format (header ``Source\\tTarget``, LRA source text)."""
+    with _tsv_rows(path) as write:
+        for expression, label in examples:
+            write(expression if isinstance(expression, (int, tuple)) else parse(expression), label)
+
+
+@contextmanager
+def _tsv_rows(path: str | Path | None) -> Iterator[Callable[[Tree, int], None]]:
+    """A ``write(tree, label)`` that appends one row to the TSV file ``path`` as soon as it is drawn (no
+    list of trees is kept); the file appears under its name only once complete (a temporary file,
+    renamed). With ``path`` None the rows are dropped."""
+    if path is None:
+        yield lambda tree, label: None
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         f.write("\t".join(HEADER) + "\n")
-        for expression, label in examples:
-            tree = expression if isinstance(expression, (int, tuple)) else parse(expression)
-            f.write(f"{to_source(tree)}\t{int(label)}\n")
+        yield lambda tree, label: f.write(f"{to_source(tree)}\t{int(label)}\n")
     tmp.replace(path)
 
 
@@ -386,7 +418,10 @@ class ListOpsTask(Task):
     of examples read). The test set is drawn first from its own seed stream, then validation, then
     training, each excluding what came before, so the test set does not depend on ``num_train``.
     ``augment=k`` serves every example as ``k`` copies under a MAX (paper 002 Table 5).
-    ``cache_dir`` (optional) keeps generated splits as TSV files and reloads them.
+    ``cache_dir`` (optional) keeps generated splits as TSV files and reloads them. Generating a split
+    shows its progress on stderr (``chronomem.train.progress``: a bar on a terminal, else a line every
+    ~10 s, and a last line if it took that long); ``progress=False`` silences it, and inside a
+    ``progress.reporting`` block (``chronomem run``'s) that block decides instead.
     """
 
     name = "listops"
@@ -408,6 +443,7 @@ class ListOpsTask(Task):
         max_depth: int = 10,
         max_args: int = 10,
         cache_dir: str | None = None,
+        progress: bool = True,
     ):
         for name, value in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -422,9 +458,10 @@ class ListOpsTask(Task):
         self.max_depth, self.max_args = max_depth, max_args
         self.data_dir = None if data_dir is None else str(data_dir)
         self.cache_dir = None if cache_dir is None else str(cache_dir)
+        self.progress = progress  # not in describe(): it changes no data
         self._base: dict[str, tuple[list[np.ndarray], np.ndarray]] = {}  # as generated / read
         self._data: dict[str, tuple[list[np.ndarray], np.ndarray]] = {}  # as served (augmented)
-        self._exclude: set = set()
+        self._exclude: set[bytes] = set()  # the token ids of every expression generated so far (``draw``)
 
     # -- data --------------------------------------------------------------------------------
 
@@ -460,18 +497,28 @@ class ListOpsTask(Task):
         return Path(self.cache_dir) / f"listops-{key}-{split}.tsv"
 
     def _generate(self, split: str) -> tuple[list[np.ndarray], np.ndarray]:
+        from chronomem.train.progress import Progress, wanted  # tasks do not import train at import time
+
         cache = self._cache_path(split)
         if cache is not None and cache.exists():
             ids, labels = read_tsv(cache)
-            self._exclude.update(tuple(decode(x)) for x in ids)
+            self._exclude.update(x.tobytes() for x in ids)
             return ids, labels
         seed = f"listops/{self.seed}/{split}"  # one stream per split
-        examples = generate(self.sizes[split], self.min_length, self.max_length, seed, self.max_depth,
-                            self.max_args, exclude=self._exclude)
-        if cache is not None:
-            write_tsv(cache, examples)
-        labels = np.asarray([v for _, v in examples], dtype=np.int64)
-        return [encode(to_tokens(t)) for t, _ in examples], labels
+        show, prefix = wanted(self.progress)
+        name = f"listops {split} split"
+        progress = Progress(self.sizes[split], 0, f"{prefix}: {name}" if prefix else name, show, unit="expression")
+        ids, labels = [], []
+        # Only the token ids are kept: the LRA training set's trees would take gigabytes.
+        with _tsv_rows(cache) as write:
+            for tree, value, encoded in draw(self.sizes[split], self.min_length, self.max_length, seed,
+                                             self.max_depth, self.max_args, exclude=self._exclude):
+                write(tree, value)
+                ids.append(encoded)
+                labels.append(value)
+                progress.update(len(ids))
+        progress.finish(len(ids))
+        return ids, np.asarray(labels, dtype=np.int64)
 
     def label_counts(self, split: str = "train") -> dict[int, int]:
         labels = self.split(split)[1]
@@ -512,7 +559,7 @@ class ListOpsTask(Task):
         """The same data served ``k`` times longer (shares the already built base splits)."""
         options = {**self.describe(), "augment": k}
         options.pop("name")
-        other = ListOpsTask(**options)
+        other = ListOpsTask(**options, progress=self.progress)
         other._base, other._exclude = self._base, self._exclude
         return other
 

@@ -109,5 +109,17 @@ class Progress:
         metrics = ", ".join(f"test {k} {v:.4g}" if k == "loss" else f"test {k} {v:.1f}%" for k, v in test.items())
         self._print(f"done, {steps} {self.unit}s in {_duration(seconds)}{early}" + (f": {metrics}" if metrics else ""))
 
+    def finish(self, count: int) -> None:
+        """End a step that is not a training run (data generation): close the bar and, if the step
+        lasted ``LINE_INTERVAL`` or more, print one line with its count and time. A shorter step leaves
+        no trace, so small data sets (tests) stay silent."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        seconds = time.monotonic() - self.start
+        if seconds >= LINE_INTERVAL:
+            self._print(f"done, {count} {self.unit}s in {_duration(seconds)}")
+
     def _print(self, text: str) -> None:
         print(f"{self.label}: {text}" if self.label else text, file=self.stream, flush=True)
