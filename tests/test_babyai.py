@@ -319,3 +319,29 @@ def test_experiment_smoke_run(tmp_path, monkeypatch, name):
     assert "converges faster" in report and "Fig. 3" in report
     saved = json.loads((tmp_path / "0" / "results.json").read_text())
     assert saved["config"]["levels"] == {level: babyai.LEVELS[level] for level in scale.levels}
+
+
+def test_the_success_plot_fits_its_title_and_keeps_its_legend_off_the_curves(tmp_path, monkeypatch):
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    from chronomem.experiments.babyai import MULTI_SCALES, plot_from_results
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to measure it
+    points = [{"step": s, "demos_seen": 16 * s, "mean": 0.2, "min": 0.1, "max": 0.3, "seeds": [0.1, 0.2, 0.3]}
+              for s in (400, 800)]
+    results = {"experiment": "babyai-multi", "scale": "quick",
+               "config": {"scale": {"levels": list(MULTI_SCALES["quick"].levels)}},  # the title that was cut off
+               "extra": {"curves": {"transformer": points, "tlb": points}, "random_policy": {"mean": 0.1}}}
+    plot_from_results(results, tmp_path / "success.png")
+    fig = figures[-1]
+    assert matplotlib.image.imread(tmp_path / "success.png").shape[1] >= 800
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend, title = ax.get_legend().get_window_extent(renderer), fig._suptitle.get_window_extent(renderer)
+    page = fig.bbox
+    assert legend.x0 >= ax.get_window_extent(renderer).x1  # right of the data
+    assert page.x0 <= title.x0 and title.x1 <= page.x1 and title.y1 <= page.y1  # not cut off
+    assert "GoTo" in fig._suptitle.get_text()
+    assert "random policy (10%)" in [t.get_text() for t in ax.get_legend().get_texts()]

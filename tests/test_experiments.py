@@ -3,6 +3,7 @@ budget, results.json's metric, and the tour's long table and plot."""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,11 +82,27 @@ def test_a_smoke_run_twice_gives_identical_metrics(tmp_path, experiment):
     assert without_timings(saved[0]["extra"]) == without_timings(saved[1]["extra"])
     assert saved[0]["config"] == saved[1]["config"] and saved[0]["config"]["time_budget"] is None
     assert saved[0]["metric"] == get_experiment(experiment).metric
+    assert saved[0]["code"] == base.code_version()  # the code that made it: version, commit (in a checkout)
     assert "no time budget" in (tmp_path / "0" / "report.md").read_text()
     losses = [logged_losses(tmp_path / str(k)) for k in range(2)]
     assert losses[0] == losses[1]
     if experiment == "listops":
         assert len(losses[0]) == 4 and all(losses[0].values())
+
+
+def test_code_version_names_this_checkout(tmp_path, monkeypatch):
+    import subprocess
+
+    import chronomem
+
+    code = base.code_version()
+    assert code["version"] == chronomem.__version__
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(chronomem.__file__).parent, capture_output=True,
+                          text=True)
+    if head.returncode == 0:  # a git checkout (CI's clean clone is one)
+        assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(FileNotFoundError("git")))
+    assert base.code_version() == {"version": chronomem.__version__, "commit": None, "dirty": None}
 
 
 def _steps(extra: dict) -> dict:
@@ -163,3 +180,21 @@ def test_plot_grows_with_its_rows(tmp_path):
         plot_results(results, tmp_path / f"{rows}.png", "accuracy (%)")
         heights.append(matplotlib.image.imread(tmp_path / f"{rows}.png").shape[0])
     assert heights[1] > 2 * heights[0]
+
+
+def test_plot_marks_each_rows_chance_level(tmp_path, monkeypatch):
+    """A dashed mark at each row's chance: its own experiment's in the tour, none where none is known."""
+    import matplotlib.pyplot as plt
+
+    assert all(experiment.chance is not None for experiment in tour.contributors())
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to read it
+    rows = {"ballet: htm": {"2_delay16": 90.0}, "listops: tlb": {"accuracy": 30.0},
+            "copy-baselines: lstm": {"T=100": 20.0}, "not-registered: m": {"x": 5.0}}
+    plot_results({"experiment": "tour", "scale": "tour", "results": rows, "paper": {}}, tmp_path / "t.png", "%")
+    plot_results({"experiment": "copy-baselines", "scale": "tour", "results": {"lstm": {"T=100": 20.0}},
+                  "paper": {}}, tmp_path / "c.png", "%")
+    marks = [[line.get_xdata()[0] for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
+             for fig in figures]
+    assert marks == [[50.0, 10.0, 12.5], [12.5]]
+    assert "chance" in [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]

@@ -46,6 +46,9 @@ def test_popgym_smoke(tmp_path, monkeypatch):
     assert saved["paper"] == {m: row for m, row in published.items() if row} | {"gru": {"RepeatPreviousEasy": 0.5}}
     assert "| gru | — (0.50) | — (—) |" in (tmp_path / "report.md").read_text()  # a paper-only row
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
+    assert set(saved["extra"]["random_return"]) == smoke  # the random-policy line, from the code
+    assert all(-1 <= v <= 1 for v in saved["extra"]["random_return"].values())
+    assert all(run["curve"] for runs in saved["extra"]["runs"].values() for run in runs)  # the seed band
 
 
 def test_popgym_published_table_names_real_environments_and_mmers():
@@ -139,3 +142,107 @@ def test_resume_is_refused_where_it_cannot_work(tmp_path):
         run_experiment(get_experiment("copy-baselines"), "smoke", tmp_path, progress=False, resume=True)
     with pytest.raises(ValueError, match="no such directory"):
         run_experiment(get_experiment("popgym"), "smoke", tmp_path / "missing", progress=False, resume=True)
+
+
+# ---- the learning curves: read at a glance -------------------------------------------------------
+
+
+def drawn(monkeypatch, draw):
+    """The figure ``draw()`` saves, kept open (the plot functions close theirs)."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    draw()
+    return figures[-1]
+
+
+def covers(box, other) -> bool:
+    return box.x0 < other.x1 and other.x0 < box.x1 and box.y0 < other.y1 and other.y0 < box.y1
+
+
+def check_readable(fig, path):
+    """At least 800 px wide as saved; the legend and the title overlap no panel and lie inside the figure."""
+    import matplotlib.image
+
+    assert matplotlib.image.imread(path).shape[1] >= 800
+    renderer = fig.canvas.get_renderer()
+    outside = [fig.legends[0].get_window_extent(renderer), fig._suptitle.get_window_extent(renderer)]
+    for ax in fig.axes:
+        if ax.axison:
+            assert not any(covers(box, ax.get_window_extent(renderer)) for box in outside)
+    page = fig.bbox
+    assert all(page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1 for box in outside)
+
+
+def test_learning_curves_show_a_seed_band_a_random_line_shared_axes_and_a_legend_outside(tmp_path, monkeypatch):
+    from chronomem.experiments.rl_runs import plot_curves
+
+    frames = [1000 * (i + 1) for i in range(10)]
+    seeds = [[(f, 0.1 * s + f / 1e5) for f in frames] for s in range(3)]  # seed s: 0.1 s above seed 0
+    panels = {"A": {"lstm": seeds, "htm": seeds[:1]}, "B": {"lstm": [[(f, -0.5) for f in frames]] * 3},
+              "C": {"htm": seeds}, "D": {"lstm": seeds}}
+    chance = {"A": -0.25, "B": 0.5, "C": 0.0, "D": 0.1}
+    fig = drawn(monkeypatch, lambda: plot_curves(panels, tmp_path / "c.png", "a title", chance=chance, ylim=(-1, 1)))
+    check_readable(fig, tmp_path / "c.png")
+    shown = [ax for ax in fig.axes if ax.axison]
+    assert len(shown) == 4 and all(ax.get_ylim() == (-1, 1) for ax in shown)  # 2 rows of 3: one slot empty
+    for ax in shown:
+        dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        assert [list(line.get_ydata()) for line in dashed] == [[chance[ax.get_title()]] * 2]
+    a = shown[0]
+    lstm = next(line for line in a.get_lines() if line.get_label() == "lstm")
+    assert list(lstm.get_ydata()) == pytest.approx([0.1 + f / 1e5 for f in frames])  # the mean of the 3 seeds
+    band = a.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(frames[0] / 1e5) and band.max() == pytest.approx(0.2 + frames[-1] / 1e5)
+    assert len(a.collections) == 1  # one seed (htm): no band
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["lstm", "htm", "random policy"] and "band: lowest to highest seed" in \
+        fig.legends[0].get_title().get_text()
+
+
+def test_a_random_policy_return_is_the_same_for_a_seed():
+    from chronomem.experiments.rl_runs import random_return
+
+    first = random_return("popgym-RepeatPreviousEasy-v0", episodes=20, seed=3)
+    assert random_return("popgym-RepeatPreviousEasy-v0", episodes=20, seed=3) == first
+    assert random_return("popgym-RepeatPreviousEasy-v0", episodes=20, seed=4) != first
+    assert -1 <= first <= 1
+
+
+def test_popgym_curves_are_drawn_from_results_old_and_new(tmp_path, monkeypatch):
+    """A results dict with every seed's curve draws bands; one written before they were kept (the mean
+    curve only, no random returns) draws the means and the random returns computed from the code."""
+    curve = [[1000 * (i + 1), -0.5 + 0.01 * i] for i in range(5)]
+    old = {"scale": "quick", "config": {"envs": ["popgym-RepeatPreviousEasy-v0"], "seeds": 3},
+           "extra": {"curves": {"RepeatPreviousEasy": {"lstm": curve}},
+                     "runs": {"lstm": [{"env": "RepeatPreviousEasy", "seed": s, "mmer": -0.4} for s in range(3)]}}}
+    monkeypatch.setattr(popgym_experiment, "random_returns", lambda envs: {"RepeatPreviousEasy": -0.375})
+    fig = drawn(monkeypatch, lambda: popgym_experiment.plot_learning_curves(old, tmp_path / "old.png"))
+    ax = fig.axes[0]
+    assert not ax.collections and "not stored" in fig.legends[0].get_title().get_text()
+    assert [list(line.get_ydata()) for line in ax.get_lines() if line.get_linestyle() == "--"] == [[-0.375] * 2]
+    new = json.loads(json.dumps(old))
+    for run in new["extra"]["runs"]["lstm"]:
+        run["curve"] = [[f, r + 0.1 * run["seed"]] for f, r in curve]
+    new["extra"]["random_return"] = {"RepeatPreviousEasy": -0.5}
+    fig = drawn(monkeypatch, lambda: popgym_experiment.plot_learning_curves(new, tmp_path / "new.png"))
+    assert len(fig.axes[0].collections) == 1 and fig.axes[0].get_ylim() == (-1, 1)
+    assert [list(line.get_ydata()) for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"] == [[-0.5] * 2]
+
+
+def test_ballet_rl_chance_is_a_random_dancer_on_the_mixture(tmp_path, monkeypatch):
+    from chronomem.experiments import ballet_rl
+
+    assert ballet_rl.mixture_chance_return() == pytest.approx((1 / 2 + 1 / 4 + 1 / 8) / 3)
+    assert get_experiment("ballet-rl").chance == {"2_delay16": 50, "4_delay16": 25, "8_delay16": 12.5,
+                                                  "2_delay48": 50, "4_delay48": 25, "8_delay48": 12.5}
+    curve = [[1000 * (i + 1), 0.3] for i in range(5)]
+    results = {"scale": "quick", "config": {"observation": "symbolic", "seeds": 1},
+               "extra": {"curves": {"htm": curve}, "htm": {"runs": [{"seed": 0, "curve": curve}]}}}
+    fig = drawn(monkeypatch, lambda: ballet_rl.plot_learning_curves(results, tmp_path / "b.png"))
+    check_readable(fig, tmp_path / "b.png")
+    dashed = [line for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
+    assert list(dashed[0].get_ydata()) == [pytest.approx(0.2917, abs=1e-4)] * 2
+    assert "random dancer" in dashed[0].get_label()
+    assert fig.axes[0].get_ylim() == (0, 1)

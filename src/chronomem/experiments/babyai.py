@@ -252,7 +252,6 @@ def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, *, sca
     random = {level: success_rate(RandomPolicy(seed), level, s.episodes, EVAL_SEED, s.eval_max_steps)
               for level in s.levels}
     random_mean = round(float(np.mean(list(random.values()))), 4)
-    plot_success(curves, Path(out) / "success.png", f"{name} ({scale}): {', '.join(s.levels)}", random_mean)
     results = {m: {f"step {p['step']}": round(100 * p["mean"], 1) for p in curves[m]} for m in chosen}
     config = {"scale": dataclasses.asdict(s), "levels": {level: LEVELS[level] for level in s.levels},
               "models": {m: model_options(m, s) for m in chosen}, "eval_seed": EVAL_SEED,
@@ -261,6 +260,7 @@ def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, *, sca
              "random_policy": {"success": random, "mean": random_mean}, "plot": "success.png",
              "demos": {"episodes": task.describe()["episodes"], "failures": [d.failures for d in task.demos],
                        "seconds_to_load_or_generate": round(demo_seconds, 1)}}
+    plot_from_results({"experiment": name, "scale": scale, "config": config, "extra": extra}, Path(out) / "success.png")
     return {"results": results, "paper": {}, "config": config, "extra": extra}
 
 
@@ -284,36 +284,52 @@ def mean_curve(curves: list[list[dict]]) -> list[dict]:
     return points
 
 
+def plot_from_results(results: dict, path: Path) -> None:
+    """success.png from a results dict (the run's, or a results.json read back)."""
+    levels = results["config"]["scale"]["levels"]
+    title = f"{results['experiment']} ({results['scale']}): success rate by acting on {', '.join(levels)}"
+    plot_success(results["extra"]["curves"], path, title, results["extra"]["random_policy"]["mean"])
+
+
 def plot_success(curves: dict[str, list[dict]], path: Path, title: str, random: float | None = None) -> None:
     """Success rate (%) against training steps (demos seen on the top axis): the mean over seeds, a band
     from the lowest to the highest seed, a random policy's success (dashed) and the paper's claim under
-    the plot."""
+    the plot. The legend sits right of the axes, the title wraps: nothing covers a curve or is cut off."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8.5, 4.8), layout="constrained")  # 850 px wide at 100 dpi
+    seeds = 0
     for model, points in curves.items():
         if not points:
             continue
+        seeds = max(seeds, len(points[0]["seeds"]))
         steps = [p["step"] for p in points]
         ax.plot(steps, [100 * p["mean"] for p in points], marker=".", label=model)
         ax.fill_between(steps, [100 * p["min"] for p in points], [100 * p["max"] for p in points], alpha=0.2)
     if random is not None:
-        ax.axhline(100 * random, color="grey", linestyle="--", linewidth=1, label="random policy")
+        ax.axhline(100 * random, color="grey", linestyle="--", linewidth=1,
+                   label=f"random policy ({100 * random:.0f}%)")
     ax.set_xlabel("training steps")
     ax.set_ylabel("success rate (%)")
     ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
     first = next((points for points in curves.values() if points), None)
     if first and first[0]["step"]:
         per_step = first[0]["demos_seen"] / first[0]["step"]
         top = ax.secondary_xaxis("top", functions=(lambda x: x * per_step, lambda x: x / per_step))
         top.set_xlabel("demos seen")
-    ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.text(0.01, 0.01, CLAIM, fontsize=6, wrap=True)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    what = f"mean over {seeds} seeds\nband: lowest to highest seed" if seeds > 1 else "one seed"
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, fontsize=8, title=what,
+              title_fontsize=8)
+    fig.suptitle(textwrap.fill(title, 80), fontsize=10)
+    # The claim under the axes: the layout leaves it the bottom of the figure.
+    fig.get_layout_engine().set(rect=(0, 0.08, 1, 0.92))
+    fig.text(0.01, 0.01, textwrap.fill(CLAIM, 150), fontsize=7, va="bottom")
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

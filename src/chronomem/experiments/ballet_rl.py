@@ -23,7 +23,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chronomem.envs.ballet import ballet_id
+import numpy as np
+
+from chronomem.envs.ballet import LEVELS, ballet_id, parse_level
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.rl_runs import check_cores, check_no_time_budget, curve, mean_curve, plot_curves, ppo_run
 from chronomem.registry import register_experiment
@@ -98,15 +100,35 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             per_seed.append(success)
             histories.append(curve(result.history))
             info.append({"seed": run_seed, "frames": result.frames, "train_seconds": round(result.seconds, 1),
-                         "frames_per_second": round(result.frames / max(result.seconds, 1e-9)), "success": success})
+                         "frames_per_second": round(result.frames / max(result.seconds, 1e-9)), "success": success,
+                         "curve": histories[-1]})  # the seed band of learning_curves.png
         results[model] = {level: round(sum(r[level] for r in per_seed) / len(per_seed), 1) for level in s.levels}
         curves[model] = mean_curve(histories)
         extra[model] = {"runs": info, "parameters": sum(p.numel() for p in result.agent.parameters())}
-    plot_curves({f"Ballet level mixture ({s.observation})": curves}, out / "learning_curves.png",
-                f"ballet-rl ({scale}): mean return against frames")
     extra["curves"] = curves
     config = {"scale": scale, **asdict(s), "train_env": train_env, "models": list(chosen)}
+    plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
     return {"results": results, "config": config, "extra": extra}
+
+
+def mixture_chance_return() -> float:
+    """The training mixture's mean return of a policy that walks onto a dancer picked at random: reward 1
+    with probability 1/n on a level of n dancers, the mixture's levels drawn uniformly (App. B.1)."""
+    return float(np.mean([1 / parse_level(level)[0] for level in LEVELS]))
+
+
+def plot_learning_curves(results: dict, path: Path) -> None:
+    """learning_curves.png from a results dict (the run's, or a results.json read back): the training
+    episodes' mean return (the level mixture) of each core against frames, mean over seeds with a band
+    from the lowest to the highest seed, and the return of walking onto a random dancer dashed."""
+    extra, config = results["extra"], results["config"]
+    panel = {model: [run["curve"] for run in extra[model]["runs"] if "curve" in run] or [points]
+             for model, points in extra["curves"].items()}  # the stored mean where no seed's curve was kept
+    stored_means = any("curve" not in run for model in extra["curves"] for run in extra[model]["runs"])
+    name = f"training episodes: the level mixture ({config['observation']})"
+    plot_curves({name: panel}, path, f"ballet-rl ({results['scale']}): mean episodic return against frames",
+                chance={name: mixture_chance_return()}, chance_label="chance: onto a random dancer (mean of 1/n)",
+                ylim=(0, 1), seeds=config["seeds"] if stored_means else None)
 
 
 BALLET_RL = register_experiment(
@@ -122,6 +144,8 @@ BALLET_RL = register_experiment(
         "level, actions sampled; a time-out counts as a failure (as in the paper). Chance is 1/n (50% with 2 "
         "dancers, 12.5% with 8). Quick: symbolic observations and CPU-sized agents; paper: pixels and the "
         "paper's sizes. learning_curves.png: mean return of the training episodes (the level mixture) against "
-        "frames.",
+        "frames, mean over seeds with a band from the lowest to the highest seed; dashed, the return of walking "
+        "onto a random dancer (the mixture's mean of 1/n).",
+        chance={level: 100 / parse_level(level)[0] for level in LEVELS},
     )
 )

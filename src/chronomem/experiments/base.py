@@ -8,7 +8,7 @@ models (or only the ones named in ``models``, checked with ``select_models``), a
 where a value is a number (accuracy in %, or what ``metric`` says) or a string such as ``"OOM"``.
 ``run_experiment`` adds the paper's numbers and the wall time, and writes ``OUT/results.json``
 (keys ``experiment``, ``scale``, ``seed``, ``metric``, ``results``, ``paper``, ``config``, ``seconds``,
-``extra``), ``OUT/report.md`` (ours beside the paper's)
+``code``: the version and git commit that made it, ``extra``), ``OUT/report.md`` (ours beside the paper's)
 and ``OUT/results.png``. ``config["models"]`` names the models that ran.
 
 A scale (``smoke``, ``tour``, ``quick``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
@@ -77,6 +77,9 @@ class Experiment:
     paper_source: str = ""
     notes: str = ""
     scales: tuple[str, ...] = ("smoke", "quick", "paper")  # with "tour": part of ``chronomem run tour``
+    # A uniform guess's score in the metric's units, one for every setting or per setting; results.png
+    # marks it on each row (None: no chance level, e.g. one that must be measured).
+    chance: dict[str, float] | float | None = None
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -165,6 +168,28 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     return finish(experiment, produced.get("scale", scale), out, produced, time.perf_counter() - start, seed)
 
 
+def code_version() -> dict[str, Any]:
+    """The code a run is made by: the package version and, in a git checkout, the commit and whether the
+    package's files differed from it (``dirty``). Recorded in results.json, so that a table made by
+    older code shows it (``docs/results.md`` prints the commit of every section)."""
+    import subprocess
+
+    from chronomem import __version__
+
+    package = Path(__file__).resolve().parent.parent
+    code: dict[str, Any] = {"version": __version__, "commit": None, "dirty": None}
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], cwd=package, capture_output=True, text=True, check=True,
+                                  timeout=10).stdout.strip()
+
+        code["commit"] = git("rev-parse", "HEAD")
+        code["dirty"] = bool(git("status", "--porcelain", "--untracked-files=no", "--", "."))
+    except (OSError, subprocess.SubprocessError):  # no git, or an installed copy outside a checkout
+        pass
+    return code
+
+
 def finish(experiment: Experiment, scale: str, out: Path, produced: dict, seconds: float, seed: int) -> dict:
     """Write results.json, report.md and results.png for what ``run`` produced."""
     results = {
@@ -176,6 +201,7 @@ def finish(experiment: Experiment, scale: str, out: Path, produced: dict, second
         "paper": produced.get("paper", experiment.paper),
         "config": produced.get("config", {}),
         "seconds": round(seconds, 1),
+        "code": code_version(),
     }
     if "extra" in produced:
         results["extra"] = produced["extra"]
@@ -280,31 +306,61 @@ def _number(value: Any) -> float | None:
 
 def plot_results(results: dict, path: Path, metric: str) -> None:
     """Horizontal bars, one group per (model, setting) labelled on the y axis: ours (solid) and, where
-    the paper has a number, the paper's (hatched) beside it. A value that is not a number ("OOM") is
-    written in place of its bar. The figure grows with the rows, so no label is clipped."""
+    the paper has a number, the paper's (hatched) beside it, and a dashed mark at the experiment's
+    ``chance`` level where it has one (each row's own experiment's, in the tour). A value that is not a
+    number ("OOM") is written in place of its bar. The figure grows with the rows, so no label is clipped."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+
+    from chronomem.registry import get_experiment
 
     rows = table_rows(results["results"], results["paper"])
     if not rows:
         return
+    # The chance level is the experiment's (its task's definition), looked up by name: the tour's rows
+    # ("experiment: model") each find their own experiment's.
+    tour = several_experiments(results["results"])
+    chances: dict[str, Any] = {}
+
+    def chance(model: str, setting: str) -> float | None:
+        name = model.split(TOUR_SEPARATOR, 1)[0] if tour else results["experiment"]
+        if name not in chances:
+            try:
+                chances[name] = get_experiment(name).chance
+            except ValueError:  # an experiment not in the registry (a test's own): no chance level known
+                chances[name] = None
+        level = chances[name]
+        return _number(level.get(setting) if isinstance(level, dict) else level)
+
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(rows)))
     ys = list(range(len(rows)))[::-1]  # the first row at the top
     bar = 0.38
-    for y, (_, _, o, p) in zip(ys, rows, strict=True):
+    marks = []
+    for y, (model, setting, o, p) in zip(ys, rows, strict=True):
         for value, offset, style in ((o, bar / 2, dict(color="C0")), (p, -bar / 2, dict(fill=False, hatch="//"))):
             if _number(value) is not None:
                 ax.barh(y + offset, _number(value), bar, **style)
-                ax.text(_number(value), y + offset, f" {value:.1f}", va="center", fontsize=7)
+                ax.text(_number(value), y + offset, f" {format_value(value)} ", va="center", fontsize=7,
+                        ha="left" if value >= 0 else "right")  # beyond the bar's end
             elif value is not None:  # e.g. "OOM"
                 ax.text(0, y + offset, f" {value}", va="center", fontsize=7, color="C3")
-    handles = [Patch(color="C0", label="ours"), Patch(fill=False, hatch="//", label="paper")]
+        if (level := chance(model, setting)) is not None:
+            # Over the bars (zorder), across both of the row's: a bar ending near it scored like a guess.
+            ax.plot([level, level], [y - 0.45, y + 0.45], color="black", linestyle="--", linewidth=1, zorder=3)
+            marks.append(level)
+    handles = [Patch(color="C0", label="ours")]
+    if any(p is not None for *_, p in rows):
+        handles.append(Patch(fill=False, hatch="//", label="paper"))
+    if marks:
+        handles.append(Line2D([], [], color="black", linestyle="--", linewidth=1, label="chance"))
     ax.set_yticks(ys, [f"{m} — {s}" for m, s, *_ in rows], fontsize=8)
     ax.set_xlabel(metric)
-    ax.set_xlim(0, max([_number(v) or 0.0 for *_, o, p in rows for v in (o, p)] + [1.0]) * 1.15)
+    values = [_number(v) or 0.0 for *_, o, p in rows for v in (o, p)] + marks
+    ax.set_xlim(min(values + [0.0]) * 1.15, max(values + [1.0]) * 1.15)  # returns can be negative
     ax.set_title(f"{results['experiment']} ({results['scale']})")
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.savefig(path, dpi=100, bbox_inches="tight")  # the box grows to hold every label

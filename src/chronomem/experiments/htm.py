@@ -114,6 +114,7 @@ BALLET = register_experiment(
             "lstm": {"2_delay16": 97.4, "8_delay16": 25.2, "8_delay48": 29.7},
         },
         metric="test accuracy (%) on the target dancer",
+        chance={level: 100 / int(level.split("_")[0]) for level in ALL_LEVELS},  # one of the n dancers
         paper_source="paper 001 Table 3 (final success rate of RL agents; TrXL is the gated TrXL agent)",
         notes="The paper's numbers are success rates of RL agents (IMPALA with an image/language "
         "reconstruction loss) that must also walk to the dancer; ours are test accuracies of the "

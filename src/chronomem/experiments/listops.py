@@ -333,6 +333,7 @@ LISTOPS = register_experiment(
         paper=PAPER_ACCURACY,
         metric="test accuracy (%), mean over seeds",
         paper_source="paper 002 Table 1 (BLRP) and paper 003 Table 4 (TLB, Transformer), on LRA data",
+        chance=10.0,  # the answer is one of 10 digits
         notes="quick/tour/smoke use shorter expressions than LRA and one shared width (see config); every "
         "model trains the same number of steps; chance "
         "is 10% and the majority class is in extra.data. At paper scale TLB is the authors' LRA model, the "

@@ -41,6 +41,7 @@ from chronomem.experiments.rl_runs import (
     mean_curve,
     plot_curves,
     ppo_run,
+    random_return,
     takes_done,
 )
 from chronomem.registry import register_experiment
@@ -150,15 +151,42 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
                 runs.setdefault(model, []).append({
                     "env": _name(env_id), "seed": run_seed, "mmer": scores[-1], "frames": result.frames,
                     "train_seconds": round(result.seconds, 1),
-                    "frames_per_second": round(result.frames / max(result.seconds, 1e-9))})
+                    "frames_per_second": round(result.frames / max(result.seconds, 1e-9)),
+                    "curve": histories[-1]})  # the seed band of learning_curves.png
             ended = [score for score in scores if score is not None]  # runs in which an episode ended
             results[model][_name(env_id)] = round(sum(ended) / len(ended), 3) if ended else None
             panels[_name(env_id)][model] = mean_curve(histories)
     results = {m: results[m] for m in chosen}
-    plot_curves(panels, out / "learning_curves.png", f"popgym ({scale}): mean return against frames")
     config = {"scale": scale, **asdict(s), "models": list(chosen), "skipped": skipped}
-    return {"results": results, "config": config, "paper": paper_rows(s.envs),
-            "extra": {"runs": runs, "curves": panels}}
+    extra = {"runs": runs, "curves": panels, "random_return": random_returns(s.envs)}
+    plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
+    return {"results": results, "config": config, "paper": paper_rows(s.envs), "extra": extra}
+
+
+def random_returns(envs: tuple[str, ...]) -> dict[str, float]:
+    """A uniformly random policy's mean episodic return on each environment (``rl_runs.random_return``,
+    seeded): the floor a memory must rise above."""
+    return {_name(env_id): random_return(env_id) for env_id in envs}
+
+
+def plot_learning_curves(results: dict, path: Path) -> None:
+    """learning_curves.png from a results dict (the run's, or a results.json read back): per environment
+    the mean return of each core over its seeds with a band from the lowest to the highest seed, and a
+    random policy's return dashed; every panel on POPGym's return scale, [-1, 1]. Results written before
+    the per-seed curves and the random returns were kept draw the stored mean curves (no band) and compute
+    the random returns here."""
+    extra, config = results["extra"], results["config"]
+    panels = {name: {model: [] for model in lines} for name, lines in extra["curves"].items()}
+    for model, runs in extra["runs"].items():
+        for run in runs:
+            if "curve" in run:
+                panels[run["env"]][model].append(run["curve"])
+    stored_means = not any(panels[name][model] for name in panels for model in panels[name])
+    if stored_means:
+        panels = {name: {model: [points] for model, points in lines.items()} for name, lines in extra["curves"].items()}
+    chance = extra.get("random_return") or random_returns(tuple(config["envs"]))
+    plot_curves(panels, path, f"popgym ({results['scale']}): mean episodic return against frames", chance=chance,
+                ylim=(-1, 1), seeds=config["seeds"] if stored_means else None)
 
 
 POPGYM = register_experiment(
@@ -173,6 +201,7 @@ POPGYM = register_experiment(
         "15M frames per run; not transcribed yet, so the paper column is empty",
         notes="A core listed as 'not run: no done' cannot take episode ends inside a call yet. "
         "learning_curves.png: mean return against frames, one panel per environment, one line per core "
-        "(mean over seeds).",
+        "(mean over seeds, the band from the lowest to the highest seed), a uniformly random policy's mean "
+        "return dashed (extra.random_return).",
     )
 )

@@ -79,7 +79,7 @@ class RelevanceScale(Scale):
 class TransferScale(RelevanceScale):
     train_T: int  # trained on Copy at this T...
     eval: dict[int, int]  # ...and evaluated at each T on this many sequences
-    eval_examples: int = 16  # at train_T, in the training run itself (the table's T=train_T is in eval)
+    eval_examples: int = 16  # of the training run's own test (transfer-copy: eval's count at train_T)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,13 +165,19 @@ def run_capped(request: dict, timeout: float | None = None) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def _train(model: str, task, options: dict, s: RelevanceScale, seed: int, time_budget: float | None):
+def _train(model: str, task, options: dict, s: RelevanceScale, seed: int, time_budget: float | None,
+           eval_examples: int | None = None):
+    """Train ``model`` on ``task``; its final test evaluation reads ``eval_examples`` (default the
+    scale's) in batches of the scale's ``eval_batch``, as ``run_capped``'s evaluations do, so that
+    the same test set gives the same accuracy in the run's summary line and in the table."""
     import torch
 
     from chronomem.heads import build_model
     from chronomem.train import train
 
-    cfg = s.train_config(seed, time_budget, eval_batch_size=min(s.eval_batch, s.eval_examples))
+    eval_examples = eval_examples or s.eval_examples
+    cfg = s.train_config(seed, time_budget, eval_examples=eval_examples,
+                         eval_batch_size=min(s.eval_batch, eval_examples))
     torch.manual_seed(seed)
     net = build_model(model, task, **options)
     spec = {"model": model, "model_options": options, "task": task.name,
@@ -201,7 +207,7 @@ def _run_transfer(scale: str, out: Path, seed: int, models: tuple[str, ...] | No
     train_task = CopyTask(seq_len=s.train_T)
     results, peaks, deltas, info = {}, {}, {}, {}
     for model, options in configs.items():
-        net, info[model] = _train(model, train_task, options, s, seed, time_budget)
+        net, info[model] = _train(model, train_task, options, s, seed, time_budget, s.eval.get(s.train_T))
         weights = out / f"{model}.weights.pt"
         torch.save(net.state_dict(), weights)
         results[model], peaks[model], deltas[model] = {}, {}, {}
@@ -244,6 +250,7 @@ TRANSFER = register_experiment(
         paper=PAPER_TRANSFER,
         metric="accuracy on the 10 copied symbols (%)",
         paper_source="paper 004 Table 1",
+        chance=100 / 8,  # each symbol one of 8 (tasks/copy.py)
         notes="Evaluations run in fresh processes measured as `chronomem bench` measures (docs/benchmarks.md); "
               "OOM means the evaluation's peak memory above its baseline passed config cap_mb. "
               "extra.delta_memory_mb shows the growth with T. "

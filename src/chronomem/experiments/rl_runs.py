@@ -8,6 +8,7 @@ machine); frames per second are measured and reported, never used to stop a run.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,11 @@ def ppo_run(env_id: str, model: str, options: dict, ppo: dict, frames: int, seed
 
     args = Args(env=env_id, core=model, total_frames=frames, seed=seed, progress=progress,
                 out=None if out is None else str(out), **ppo)
-    if reuse and out is not None and (result := finished_run(args, options)) is not None:
-        return result
+    if reuse and out is not None:
+        if (result := finished_run(args, options)) is not None:
+            return result
+        if (Path(out) / "config.json").exists():  # this very run, cut short (finished_run checked its settings)
+            shutil.rmtree(out)
     return train(args, options)
 
 
@@ -133,31 +137,106 @@ def smooth(points: Curve, bins: int = 50) -> Curve:
     return [(group[-1][0], float(np.mean([r for _, r in group]))) for group in groups]
 
 
-def plot_curves(panels: dict[str, dict[str, Curve]], path: Path, title: str) -> None:
-    """One panel per setting (env or level mixture), one line per core: mean return against frames,
-    ``smooth``ed to at most 50 points (results.json keeps every update's)."""
+def seed_band(curves: list[Curve], bins: int = 50) -> list[tuple[int, float, float, float]]:
+    """``(frames, mean, lowest, highest)`` over seeds, each seed ``smooth``ed alike: restricted first to
+    the frame counts every seed logged (as ``mean_curve``), so the groups of updates line up."""
+    curves = [c for c in curves if c]
+    if not curves:
+        return []
+    common = set.intersection(*(set(dict(c)) for c in curves))
+    smoothed = [smooth([(f, r) for f, r in c if f in common], bins) for c in curves]
+    band = []
+    for at in zip(*smoothed, strict=True):
+        values = [r for _, r in at]
+        band.append((at[0][0], float(np.mean(values)), min(values), max(values)))
+    return band
+
+
+def random_return(env_id: str, episodes: int = 500, seed: int = 0) -> float:
+    """The mean episodic return of a policy drawing every action uniformly: ``episodes`` episodes,
+    seeded from ``seed`` (the same number on every call and machine). The reference line of the
+    learning curves: a core whose curve stays on it has learned nothing."""
+    from chronomem.envs.make import make_env
+
+    env = make_env(env_id)
+    env.action_space.seed(seed)
+    returns = []
+    try:
+        for episode in range(episodes):
+            env.reset(seed=seed + episode)
+            total, done = 0.0, False
+            while not done:
+                _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+                total, done = total + float(reward), terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return round(float(np.mean(returns)), 4)
+
+
+def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: str,
+                chance: dict[str, float] | None = None, chance_label: str = "random policy",
+                ylim: tuple[float, float] | None = None, seeds: int | None = None) -> None:
+    """One panel per setting (env or level mixture), one colour per core: the mean return over its seeds
+    (``panels[setting][core]``: one curve per seed) against frames, ``smooth``ed to at most 50 points
+    (results.json keeps every update's), a band from the lowest to the highest seed, and ``chance``'s
+    return of the setting as a dashed line. Panels share their axes (``ylim``, if given, for all): the
+    same quantity is read on the same scale. One legend, outside the panels. ``seeds``: how many seeds
+    each line averages, when only their mean curve is given (results written before the per-seed curves
+    were kept): the legend says so, and there is no band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     if not panels:
         return
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
+    # 100 dpi: at least 850 px wide (constrained layout keeps the figure's size); room for the legend below.
+    fig, axes = plt.subplots(rows, columns, figsize=(max(8.5, 3.8 * columns), 1.9 + 2.8 * rows),
+                             squeeze=False, sharex=True, sharey=True, layout="constrained")
+    colours = {}  # one colour per core across panels
+    given = max((len(c) for lines in panels.values() for c in lines.values()), default=0)
     for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
-        for model, points in lines.items():
-            if points:
-                ax.plot(*zip(*smooth(points), strict=True), marker=".", label=model)
+        for model, curves in lines.items():
+            points = seed_band(curves)
+            if not points:
+                continue
+            colour = colours.setdefault(model, f"C{len(colours)}")
+            frames, mean, low, high = zip(*points, strict=True)
+            ax.plot(frames, mean, color=colour, linewidth=1.3, label=model)
+            if len(curves) > 1:
+                ax.fill_between(frames, low, high, color=colour, alpha=0.15, linewidth=0)
+        if chance and name in chance:
+            # Above the curves: a curve lying on it is a core that learned nothing.
+            ax.axhline(chance[name], color="black", linestyle="--", linewidth=1, zorder=3, label=chance_label)
         ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    for i in range(len(panels), rows * columns):  # an empty slot: the panel above it shows the frames
+        axes.flat[i].axis("off")
+        axes.flat[i - columns].xaxis.set_tick_params(labelbottom=True)
+        axes.flat[i - columns].set_xlabel("frames")
+    if ylim is not None:
+        axes.flat[0].set_ylim(*ylim)  # shared by every panel
+    axes.flat[0].xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
+    for ax in axes[-1][:len(panels) - (rows - 1) * columns]:
         ax.set_xlabel("frames")
-        ax.set_ylabel("mean return")
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    if axes.flat[0].get_legend_handles_labels()[0]:
-        axes.flat[0].legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean episodic return")
+    handles = {}  # one entry per label, from whichever panel drew it
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        seeds = seeds or given
+        what = (f"mean over {seeds} seeds, band: lowest to highest seed" if given > 1 else
+                f"mean over {seeds} seeds (per-seed curves not stored: no band)" if seeds > 1 else
+                "one seed per core")
+        # Below the panels, so it covers no data and no title.
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=min(len(handles), 4),
+                   fontsize=8, title=what, title_fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
