@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[dev,rl]"
 	touch $(STAMP)
 
+# THREADS: torch threads (default: half the cores, one on 2 cores; see docs/training.md, "Threads").
+THREADS ?=
+
 demo: $(STAMP)
-	$(BIN)/chronomem run tour  # writes runs/tour (runs/tour-2, ... on later runs: nothing is overwritten)
+	$(BIN)/chronomem run tour $(if $(THREADS),--threads $(THREADS))  # writes runs/tour (runs/tour-2, ... later: nothing is overwritten)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -399,7 +399,7 @@ def fake_run_experiment(calls, outs=None):
         calls.append(kwargs)
         if outs is not None:
             outs.append(out)
-        return {"results": {"lstm": {"copy": 50.0}}, "paper": {}, "seconds": 1.0}
+        return {"results": {"lstm": {"copy": 50.0}}, "paper": {}, "scale": scale, "seconds": 1.0}
 
     return run_experiment
 
@@ -527,3 +527,67 @@ def test_run_never_overwrites_earlier_results(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("chronomem run: error: --out runs/copy-baselines already holds") and err.count("\n") == 1
     assert (tmp_path / "runs" / "copy-baselines" / "results.json").read_bytes() == first
+
+
+def test_help_and_version_start_without_torch():
+    # `chronomem --help`, `--version` and a command's bare usage build no config dataclass, so torch is not
+    # imported (a second or more of start-up); training commands still import it when they build their flags.
+    code = ("import sys\nfrom chronomem.cli import main\n"
+            "for argv in (['--help'], ['--version']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False"
+    assert "chronomem 0.1.0" in out and "{list,train,eval,run,report,bench,lm,rl}" in out
+
+
+def test_list_wraps_descriptions_at_words(capsys):
+    from chronomem.registry import EXPERIMENTS
+
+    assert main(["list"]) == 0
+    listed = capsys.readouterr().out.split("experiments:\n", 1)[1]
+    for name in EXPERIMENTS:  # every description whole: the listing's words, joined, contain it
+        assert " ".join(EXPERIMENTS[name].description.split()) in " ".join(listed.split())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["lm", "sample", "RUN", "--prompt", "a", "--bytes", "-3"], "--bytes must be an integer >= 0, got -3"),
+    (["lm", "sample", "RUN", "--prompt", "a", "--top-k", "0"], "--top-k must be an integer >= 1"),
+    (["lm", "sample", "RUN", "--prompt", "a", "--temperature", "-1"], "--temperature must be a number >= 0"),
+    (["train", "--model", "lstm", "--task", "copy", "--threads", "0"], "--threads must be a positive integer"),
+])
+def test_flag_errors_name_the_flag(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_eval_of_a_directory_that_is_not_a_run_says_so(tmp_path, capsys):
+    assert main(["eval", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a run directory" in err and "--resume" not in err
+
+
+def test_threads_flag_sets_torch_threads(tmp_path, capsys):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        main(["eval", str(tmp_path), "--threads", "1"])  # fails on the directory, after setting the threads
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_sampled_control_bytes_are_printed_escaped():
+    from chronomem.cli import printable
+
+    assert printable(b"ok\x07 \x1b[31mred\nnext\ttab \xff caf\xc3\xa9") == "ok\\x07 \\x1b[31mred\nnext\ttab \\xff café"
+
+
+def test_run_prints_the_scale_that_ran(tmp_path, monkeypatch, capsys):
+    # `chronomem run tour` runs the tour scale (quick is its alias): the heading says so
+    import chronomem.experiments as experiments
+
+    ran = {"results": {"ballet: htm": {"2_delay16": 50.0}}, "paper": {}, "scale": "tour", "seconds": 1.0}
+    monkeypatch.setattr(experiments, "run_experiment", lambda *a, **k: ran)
+    assert main(["run", "tour", "--out", str(tmp_path / "t")]) == 0
+    assert "tour (tour)" in capsys.readouterr().out

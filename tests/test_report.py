@@ -38,11 +38,22 @@ def test_seeds_of_one_experiment_share_a_section_with_their_mean(tmp_path):
     assert "| tlb | x1 | 35.0 | 38.2 |" in page
 
 
+def test_each_section_names_the_commit_that_made_it(tmp_path):
+    write_run(tmp_path / "a")
+    data = json.loads((tmp_path / "a" / "results.json").read_text())
+    data["code"] = {"version": "0.1.0", "commit": "0123456789abcdef", "dirty": False}
+    (tmp_path / "a" / "results.json").write_text(json.dumps(data))
+    assert "code: commit `0123456789`." in results_page([tmp_path / "a"])
+    data["code"]["dirty"] = True
+    (tmp_path / "a" / "results.json").write_text(json.dumps(data))
+    assert "code: commit `0123456789` with uncommitted changes." in results_page([tmp_path / "a"])
+
+
 def test_a_resumed_run_says_its_wall_time_is_the_resumed_calls(tmp_path):
     write_run(tmp_path / "whole")
-    assert "wall time 12 s." in results_page([tmp_path / "whole"])
+    assert "wall time 12 s; code: commit not recorded." in results_page([tmp_path / "whole"])
     write_run(tmp_path / "resumed", config={"resumed": True})
-    assert "wall time 12 s (of the resumed call; the runs it loaded trained before it)." in results_page(
+    assert "wall time 12 s (of the resumed call; the runs it loaded trained before it);" in results_page(
         [tmp_path / "resumed"])
 
 

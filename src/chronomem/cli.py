@@ -7,7 +7,9 @@ import ast
 import dataclasses
 import json
 import math
+import shutil
 import sys
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -36,8 +38,10 @@ def cmd_list(args) -> int:
         for name in listing[kind]:
             print(f"  {name}")
     print("experiments:")
-    for name in listing["experiments"]:
-        print(f"  {name:18s} {EXPERIMENTS[name].description.splitlines()[0][:90]}")
+    width = max(80, shutil.get_terminal_size().columns)
+    for name in listing["experiments"]:  # the whole description, wrapped at words
+        print(textwrap.fill(" ".join(EXPERIMENTS[name].description.split()), width,
+                            initial_indent=f"  {name:19s} ", subsequent_indent=" " * 22))
     return 0
 
 
@@ -221,7 +225,7 @@ def _resume_settings(args, saved: dict, run_dir: Path) -> None:
 
 def cmd_train(args) -> int:
     from chronomem.train import TrainConfig, train_spec
-    from chronomem.train.checkpoint import load_config, locate_run
+    from chronomem.train.checkpoint import check_new_run, load_config, locate_run
 
     values = train_values(args)
     if args.resume:
@@ -236,7 +240,7 @@ def cmd_train(args) -> int:
         train_cfg.update(out=str(run_dir), progress=values.get("progress", True))
         cfg = TrainConfig(**train_cfg)
         check_device(cfg.device)
-        result = train_spec(spec, cfg, resume=checkpoint)  # a run killed before its first checkpoint restarts
+        result = train_spec(spec, cfg, resume=checkpoint or run_dir)  # killed before its first checkpoint: restarts
     else:
         if not args.model or not args.task:
             raise ValueError("chronomem train needs --model NAME and --task NAME (or --resume DIR)")
@@ -262,10 +266,7 @@ def cmd_train(args) -> int:
         cfg = TrainConfig(**values)
         check_device(cfg.device)
         if args.out is not None:
-            out = check_out_dir(args.out)
-            if (out / "config.json").exists():
-                raise ValueError(f"--out {out} already holds a run (config.json): continue it with --resume {out}, "
-                                 "or choose another --out")
+            check_new_run(check_out_dir(args.out), flag="--out")
         result = train_spec(spec, cfg)
     print(json.dumps({"steps": result.steps, "seconds": round(result.seconds, 2), **result.metrics}))
     return 0
@@ -314,7 +315,7 @@ def _rl_resume_settings(values: dict, core_options: dict, saved: dict, run_dir: 
 def cmd_rl_train(args) -> int:
     from chronomem.envs.make import check_env_id
     from chronomem.rl.ppo import Args, train
-    from chronomem.train.checkpoint import CheckpointError, load_config, locate_run
+    from chronomem.train.checkpoint import CheckpointError, check_new_run, load_config, locate_run
 
     values = given_config(args, Args)
     core_options = _parse_options(args.core_opt, "--core-opt")
@@ -328,7 +329,7 @@ def cmd_rl_train(args) -> int:
         merged = {**saved["args"], **{k: v for k, v in values.items() if k != "out"}}
         ppo_args = Args(**{**merged, "out": str(run_dir), "progress": values.get("progress", True)})
         check_device(ppo_args.device)
-        result = train(ppo_args, saved.get("core_options", {}), resume=checkpoint)
+        result = train(ppo_args, saved.get("core_options", {}), resume=checkpoint or run_dir)
     else:
         from chronomem.registry import get_model
 
@@ -337,10 +338,7 @@ def cmd_rl_train(args) -> int:
         get_model(ppo_args.core)  # an unknown name fails here, listing the valid ones
         check_device(ppo_args.device)
         if ppo_args.out is not None:
-            out = check_out_dir(ppo_args.out)
-            if (out / "config.json").exists():
-                raise ValueError(f"--out {out} already holds a run (config.json): continue it with --resume {out}, "
-                                 "or choose another --out")
+            check_new_run(check_out_dir(ppo_args.out), flag="--out")
         result = train(ppo_args, core_options)
     last = result.history[-1] if result.history else {}
     print(json.dumps({"frames": result.frames, "seconds": round(result.seconds, 2),
@@ -358,10 +356,10 @@ def cmd_rl_eval(args) -> int:
     agent, saved, checkpoint = load_agent(args.run, args.env, args.device)
     env = args.env or saved.env
     result = {"run": str(checkpoint.parent.parent), "checkpoint": checkpoint.name,
-              **evaluate(agent, env, args.episodes, args.seed, args.num_envs, args.greedy)}
+              **evaluate(agent, env, args.episodes, args.seed, args.num_envs, args.greedy, progress=not args.quiet)}
     if args.gif:
         check_out_dir(Path(args.gif).parent, "--gif").mkdir(parents=True, exist_ok=True)
-        result["gif_episode"] = record_gif(agent, env, args.gif, args.seed, args.greedy)
+        result["gif_episode"] = record_gif(agent, env, args.gif, args.seed, args.greedy, progress=not args.quiet)
     print(json.dumps(result))
     return 0
 
@@ -418,7 +416,7 @@ def cmd_run(args) -> int:
                              progress=not args.quiet, time_budget=args.time_budget,
                              resume=args.resume is not None, **data)
     equal_time = "" if args.time_budget is None else f", equal time budget of {args.time_budget:g} s per model"
-    print(f"\n{experiment.name} ({args.scale}{equal_time}): ours beside the paper's — {experiment.metric}\n")
+    print(f"\n{experiment.name} ({results['scale']}{equal_time}): ours beside the paper's — {experiment.metric}\n")
     print(comparison_table(results["results"], results["paper"]))
     print(f"\n{results['seconds']:.0f} s; wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'results.png'}")
     return 0
@@ -431,6 +429,11 @@ def cmd_lm_sample(args) -> int:
     from chronomem.heads import CausalLM
     from chronomem.train import load_run
 
+    for flag, value, low in (("--bytes", args.bytes, 0), ("--top-k", args.top_k, 1)):
+        if value is not None and value < low:
+            raise ValueError(f"{flag} must be an integer >= {low}, got {value}")
+    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
+        raise ValueError(f"--temperature must be a number >= 0 (0: greedy), got {args.temperature}")
     check_device(args.device)
     model, task, spec = load_run(args.run, device=args.device)
     if not isinstance(model, CausalLM):
@@ -440,8 +443,15 @@ def cmd_lm_sample(args) -> int:
     generator = None if args.seed is None else torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(args.prompt.encode("utf-8"), args.bytes, temperature=args.temperature, top_k=args.top_k,
                          generator=generator)
-    sys.stdout.write(args.prompt + bytes(out.tolist()).decode("utf-8", errors="replace") + "\n")
+    sys.stdout.write(args.prompt + printable(bytes(out.tolist())) + "\n")
     return 0
+
+
+def printable(data: bytes) -> str:
+    """``data`` as UTF-8 text a terminal can show: bytes that do not decode, and control characters
+    other than newline and tab (a sampled ESC or BEL would drive the terminal), written as escapes."""
+    text = data.decode("utf-8", errors="backslashreplace")
+    return "".join(c if c.isprintable() or c in "\n\t" or c == "\\" else repr(c)[1:-1] for c in text)
 
 
 def _bench_out(rest: list[str]) -> str:
@@ -487,29 +497,31 @@ def _scales():
 RESUME_HELP = "continue the run in DIR (a run directory or DIR/checkpoints/step_N), writing only into it"
 
 
-def make_parser() -> argparse.ArgumentParser:
-    from chronomem.train import TrainConfig
+def add_threads_flag(parser: argparse.ArgumentParser) -> None:
+    from chronomem.threads import default_threads
+
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help=f"torch threads (default: half the cores, here {default_threads()}; all of them "
+                        "slow a run several times over when another process shares the machine)")
+
+
+def make_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``chronomem`` parser. Only ``command``'s flags are built (every command's when None): they
+    come from the trainer's and PPO's config dataclasses, whose modules import torch, which ``chronomem
+    --help`` and ``chronomem list`` do not need."""
+    from chronomem import __version__
 
     parser = argparse.ArgumentParser(prog="chronomem", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"chronomem {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list models, tasks and experiments")
 
-    resumable = ", ".join(config_flag(f) for f in resumable_fields())
-    t = sub.add_parser(
-        "train", help="train one model on one task",
-        description="Train one model on one task. With --resume DIR the run continues in DIR (a run "
-        f"directory or one of its checkpoints/step_N) with its saved settings; only {resumable} "
-        "may be given, any other flag must match the saved value.",
-    )
-    t.add_argument("--model", help="model name (chronomem list)")
-    t.add_argument("--task", help="task name (chronomem list)")
-    t.add_argument("--model-opt", action="append", metavar="KEY=VALUE", help="backbone option, repeatable")
-    t.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, repeatable")
-    defaults = model_defaults()
-    for flag, (key, what) in MODEL_FLAGS.items():
-        t.add_argument(flag, type=int, help=f"{what} (default {defaults[key]})")
-    add_config_flags(t, TrainConfig)
-    t.add_argument("--resume", metavar="DIR", help=RESUME_HELP)
+    def wanted(name: str) -> bool:
+        return command is None or command == name
+
+    t = sub.add_parser("train", help="train one model on one task")
+    if wanted("train"):
+        _train_flags(t)
 
     e = sub.add_parser(
         "eval", help="evaluate a trained run on its task's test set, printed as JSON",
@@ -521,8 +533,66 @@ def make_parser() -> argparse.ArgumentParser:
     e.add_argument("--examples", type=int, help="test examples (default: the run's eval_examples)")
     e.add_argument("--batch-size", type=int, help="default: the run's evaluation batch size")
     e.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    add_threads_flag(e)
 
     r = sub.add_parser("run", help="reproduce a paper table (chronomem list shows the experiments)")
+    _run_flags(r)
+
+    p = sub.add_parser(
+        "report", help="the results page (Markdown) of runs' results.json",
+        description="Render every results.json under the given paths (files or directories) as one Markdown "
+        "page: chronomem report runs/ > docs/results.md",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a results.json or a directory searched for them")
+    p.add_argument("--title", default=None, help="the page's title (default: Measured results)")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (atomically), not stdout")
+
+    sub.add_parser("bench", help="time and memory scaling benchmark (chronomem bench --help)", add_help=False)
+
+    lm = sub.add_parser("lm", help="language models: sample a continuation from a trained run")
+    lm_sub = lm.add_subparsers(dest="lm_command", required=True)
+    ls = lm_sub.add_parser(
+        "sample", help="continue a prompt with a trained byte-level language model",
+        description="Load a run trained on the text task (chronomem run lm writes RUN = OUT/MODEL/seedN) and "
+        "print the prompt and its continuation; each new byte is one step of the model with its state. "
+        "Bytes that do not decode, and control characters other than newlines and tabs, are printed "
+        "escaped (\\x07), so the terminal never receives raw control bytes.",
+    )
+    ls.add_argument("run", metavar="RUN", help="a run directory or one of its checkpoints")
+    ls.add_argument("--prompt", required=True, help="the text to continue (UTF-8)")
+    ls.add_argument("--bytes", type=int, default=200, help="bytes to generate (default %(default)s)")
+    ls.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default %(default)s)")
+    ls.add_argument("--top-k", type=int, default=None, help="sample among the k most likely bytes (default: all)")
+    ls.add_argument("--seed", type=int, default=None, help="seed of the sampling (default: unseeded)")
+    ls.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    add_threads_flag(ls)
+
+    agents = sub.add_parser("rl", help="agents: train with recurrent PPO (any causal core as memory), evaluate")
+    if wanted("rl"):
+        _rl_flags(agents)
+    return parser
+
+
+def _train_flags(t: argparse.ArgumentParser) -> None:
+    from chronomem.train import TrainConfig
+
+    resumable = ", ".join(config_flag(f) for f in resumable_fields())
+    t.description = ("Train one model on one task. With --resume DIR the run continues in DIR (a run directory "
+                     f"or one of its checkpoints/step_N) with its saved settings; only {resumable} and --threads "
+                     "may be given, any other flag must match the saved value.")
+    t.add_argument("--model", help="model name (chronomem list)")
+    t.add_argument("--task", help="task name (chronomem list)")
+    t.add_argument("--model-opt", action="append", metavar="KEY=VALUE", help="backbone option, repeatable")
+    t.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, repeatable")
+    defaults = model_defaults()
+    for flag, (key, what) in MODEL_FLAGS.items():
+        t.add_argument(flag, type=int, help=f"{what} (default {defaults[key]})")
+    add_config_flags(t, TrainConfig)
+    t.add_argument("--resume", metavar="DIR", help=RESUME_HELP)
+    add_threads_flag(t)
+
+
+def _run_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("experiment")
     r.add_argument("--scale", default="quick", choices=LazyChoices(_scales), metavar="SCALE",
                    help="%(choices)s: the runs' fixed step counts (default %(default)s)")
@@ -542,36 +612,12 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--data-dir", default=None, metavar="DIR",
                    help="where the experiment's data files are (resolution-transfer: CIFAR binary files or "
                    "Fashion-MNIST IDX; lm: the folder holding enwik8); refused by experiments that read none")
+    add_threads_flag(r)
 
-    p = sub.add_parser(
-        "report", help="the results page (Markdown) of runs' results.json",
-        description="Render every results.json under the given paths (files or directories) as one Markdown "
-        "page: chronomem report runs/ > docs/results.md",
-    )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="a results.json or a directory searched for them")
-    p.add_argument("--title", default=None, help="the page's title (default: Measured results)")
-    p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (atomically), not stdout")
 
-    sub.add_parser("bench", help="time and memory scaling benchmark (chronomem bench --help)", add_help=False)
-
-    lm = sub.add_parser("lm", help="language models: sample a continuation from a trained run")
-    lm_sub = lm.add_subparsers(dest="lm_command", required=True)
-    ls = lm_sub.add_parser(
-        "sample", help="continue a prompt with a trained byte-level language model",
-        description="Load a run trained on the text task (chronomem run lm writes RUN = OUT/MODEL/seedN) and "
-        "print the prompt and its continuation; each new byte is one step of the model with its state.",
-    )
-    ls.add_argument("run", metavar="RUN", help="a run directory or one of its checkpoints")
-    ls.add_argument("--prompt", required=True, help="the text to continue (UTF-8)")
-    ls.add_argument("--bytes", type=int, default=200, help="bytes to generate (default %(default)s)")
-    ls.add_argument("--temperature", type=float, default=1.0, help="0: greedy (default %(default)s)")
-    ls.add_argument("--top-k", type=int, default=None, help="sample among the k most likely bytes (default: all)")
-    ls.add_argument("--seed", type=int, default=None, help="seed of the sampling (default: unseeded)")
-    ls.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-
+def _rl_flags(agents: argparse.ArgumentParser) -> None:
     from chronomem.rl.ppo import Args
 
-    agents = sub.add_parser("rl", help="agents: train with recurrent PPO (any causal core as memory), evaluate")
     rl_sub = agents.add_subparsers(dest="rl_command", required=True)
     rl_resumable = ", ".join(config_flag(f) for f in dataclasses.fields(Args) if f.metadata.get("resumable"))
     rt = rl_sub.add_parser(
@@ -596,26 +642,31 @@ def make_parser() -> argparse.ArgumentParser:
     rv.add_argument("--num-envs", type=int, default=16, help="environments stepped together (default %(default)s)")
     rv.add_argument("--seed", type=int, default=0, help="seed of the environments and actions (default %(default)s)")
     rv.add_argument("--greedy", action="store_true", help="take the most likely action (default: sample)")
-    rv.add_argument("--gif", metavar="FILE", default=None, help="write one episode as an animated GIF")
+    rv.add_argument("--gif", metavar="FILE", default=None,
+                    help="write one more episode as an animated GIF (frame by frame; small frames enlarged)")
+    rv.add_argument("--quiet", "--no-progress", action="store_true",
+                    help="no progress (by default: a bar on a terminal, else a line every ~10 s)")
     rv.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    return parser
+    add_threads_flag(rv)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = make_parser()
-    from chronomem.train.checkpoint import CheckpointError
-
     command = argv[0] if argv else None
+    parser = make_parser(command or "")
     try:
         if command == "bench":
             return cmd_bench(None, argv[1:])
         args = parser.parse_args(argv)
+        if getattr(args, "threads", None) is not None or command in ("train", "eval", "run", "lm"):
+            from chronomem.threads import use_threads
+
+            use_threads(args.threads)
         commands = {"list": cmd_list, "train": cmd_train, "eval": cmd_eval, "run": cmd_run, "report": cmd_report,
                     "rl": lambda a: {"train": cmd_rl_train, "eval": cmd_rl_eval}[a.rl_command](a),
                     "lm": lambda a: {"sample": cmd_lm_sample}[a.lm_command](a)}
         return commands[args.command](args)
-    except (ValueError, TypeError, CheckpointError) as err:
+    except (ValueError, TypeError) as err:  # CheckpointError is a ValueError
         message = " ".join(str(err).split()) or type(err).__name__  # one line, as argparse's errors
         print(f"chronomem {command}: error: {message}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """The measured-results page: ``chronomem report DIR ... > docs/results.md``.
 
 Every ``chronomem run`` writes ``OUT/results.json`` (experiment, scale, seed, metric, results, paper,
-config, seconds). This module gathers those files from the directories it is given and renders one
+config, seconds, code). This module gathers those files from the directories it is given and renders one
 Markdown page, so the numbers in ``docs/results.md`` are never typed by hand: they are exactly what
 the runs wrote.
 
@@ -62,6 +62,19 @@ def _wall_time(run: dict[str, Any]) -> str:
     return seconds
 
 
+def _code(runs: list[dict[str, Any]]) -> str:
+    """Which code made the runs: their commits (``code`` in results.json), so a table older than the
+    code beside it shows that it is."""
+    made = []
+    for run in runs:
+        code = run.get("code") or {}
+        commit = code.get("commit")
+        label = "not recorded" if not commit else f"`{commit[:10]}`" + (" with uncommitted changes" if code.get("dirty")
+                                                                         else "")
+        made += [label] if label not in made else []
+    return "code: commit " + ", ".join(made)
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
@@ -105,7 +118,7 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
         "",
         f"Source: {', '.join(f'`{s}`' for s in sources)}; "
         f"{'wall time' if not several else 'wall times'} "
-        + ", ".join(_wall_time(r) for r in runs) + ".",
+        + ", ".join(_wall_time(r) for r in runs) + f"; {_code(runs)}.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

@@ -10,6 +10,7 @@ from pathlib import Path
 from chronomem.bench.peers import compare_peers
 from chronomem.bench.report import FIT_RANGE, machine_info, slopes, targets, write_json, write_plots, write_report
 from chronomem.bench.sweep import DEFAULT_LENGTHS, DEFAULT_MODELS, QUICK_LENGTHS, resolve_models, sweep
+from chronomem.threads import check_threads, default_threads
 
 # Every file a benchmark run writes into --out; a directory holding one of them holds another run.
 OUTPUTS = ("results.json", "report.md", "time.png", "memory.png", "peers.json")
@@ -57,7 +58,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (default 3; quick 2)")
     p.add_argument(
-        "--threads", type=int, default=None, help="torch threads in each worker (default: torch's)"
+        "--threads", type=int, default=None,
+        help=f"torch threads in each worker (default: half the cores, here {default_threads()}: chronomem.threads)",
     )
     p.add_argument(
         "--memory-cap-mb", type=float, default=8192, help="peak memory above the baseline counted as OOM"
@@ -140,6 +142,7 @@ def prepare(args: argparse.Namespace) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        args.threads = check_threads(args.threads)  # one per process on 2 cores: timings, not contention
         out = prepare(args)
     except ValueError as err:
         print(f"chronomem bench: error: {err}", file=sys.stderr)

@@ -252,7 +252,9 @@ class MixedBallet(Task):
         return self.tasks[0].kind
 
     def sample(self, batch_size: int, generator: torch.Generator, split: str = "train") -> Batch:
-        level = int(torch.randint(len(self.tasks), (1,), generator=generator))
+        # A mixture of one level draws no level, so that it is that level batch for batch (the same
+        # test set, the same accuracy).
+        level = int(torch.randint(len(self.tasks), (1,), generator=generator)) if len(self.tasks) > 1 else 0
         return self.tasks[level].sample(batch_size, generator, split)
 
     def describe(self) -> dict:
