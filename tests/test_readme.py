@@ -19,3 +19,16 @@ def test_readme_block_runs_alone(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a block that writes files writes them here
     torch.manual_seed(0)
     exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {"__name__": "__readme__"})
+
+
+def test_the_training_example_runs_twice(tmp_path, monkeypatch):
+    # Run twice in one directory, the example neither fails nor loses the first run: out= never
+    # overwrites a run, so the second call resumes it (already at its last step: the same metrics).
+    block = next(b for b in BLOCKS if "train_spec" in b)
+    monkeypatch.chdir(tmp_path)
+    spaces = []
+    for _ in range(2):
+        spaces.append({"__name__": "__readme__"})
+        exec(compile(block, "README.md training block", "exec"), spaces[-1])
+    first, second = (space["result"] for space in spaces)
+    assert second.steps == first.steps == 50 and second.metrics == first.metrics
