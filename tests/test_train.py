@@ -667,3 +667,17 @@ def test_a_tasks_own_progress_follows_the_run(tmp_path):
         train(make_model(), Asking(seq_len=4, copy_len=2),
               config(tmp_path / str(shown), steps=2, progress=shown, eval_examples=8))
         assert asked and set(asked) == {shown}
+
+
+def test_a_long_evaluation_shows_its_progress(capsys, monkeypatch):
+    from chronomem.train import progress
+
+    monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)  # every evaluation counts as a long one
+    task = CopyTask(seq_len=4, copy_len=2)
+    loop.evaluate(make_model(), task, batch_size=4, num_examples=8)
+    err = capsys.readouterr().err
+    assert "evaluating on the test split of copy: example 4/8" in err and "done, 8 examples" in err
+    loop.evaluate(make_model(), task, batch_size=4, num_examples=8, progress=False)
+    with progress.reporting(False):
+        loop.evaluate(make_model(), task, batch_size=4, num_examples=8)
+    assert capsys.readouterr().err == ""

@@ -285,7 +285,8 @@ def cmd_eval(args) -> int:
     # By default the run's own evaluation settings: the result is then the run's final test row.
     saved = TrainConfig(**load_config(run_dir)["train"])
     examples = args.examples or saved.eval_examples
-    metrics = evaluate(model, task, args.batch_size or saved.eval_batch_size or saved.batch_size, examples)
+    metrics = evaluate(model, task, args.batch_size or saved.eval_batch_size or saved.batch_size, examples,
+                       progress=not args.quiet)
     print(json.dumps({"run": str(run_dir), "step": checkpoint_step(checkpoint), "split": "test",
                       "examples": examples, **metrics}))
     return 0
@@ -533,6 +534,8 @@ def make_parser(command: str | None = None) -> argparse.ArgumentParser:
     e.add_argument("--examples", type=int, help="test examples (default: the run's eval_examples)")
     e.add_argument("--batch-size", type=int, help="default: the run's evaluation batch size")
     e.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    e.add_argument("--quiet", "--no-progress", action="store_true",
+                   help="no progress (by default shown once the evaluation has run ~10 s)")
     add_threads_flag(e)
 
     r = sub.add_parser("run", help="reproduce a paper table (chronomem list shows the experiments)")

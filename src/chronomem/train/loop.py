@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from chronomem.train import distributed, progress
+from chronomem.train.progress import Progress, wanted
 from chronomem.train.checkpoint import (
     CheckpointError,
     check_new_run,
@@ -197,18 +198,27 @@ def batch_generator(seed: int, rank: int, step: int) -> torch.Generator:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, task, batch_size: int = 64, num_examples: int = 512, split: str = "test", device=None
+    model: nn.Module, task, batch_size: int = 64, num_examples: int = 512, split: str = "test", device=None,
+    progress: bool = True,
 ) -> dict[str, float]:
-    """Mean loss and accuracy (%) over the task's fixed ``split`` set."""
+    """Mean loss and accuracy (%) over the task's fixed ``split`` set. An evaluation that takes
+    ``LINE_INTERVAL`` seconds or more shows its progress (``progress=False``, or a silent
+    ``progress.reporting`` block such as a quiet run's, keeps it silent)."""
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total_loss, correct, count, batches = 0.0, 0, 0, 0
+    show, prefix = wanted(progress)
+    label = f"evaluating on the {split} split of {getattr(task, 'name', type(task).__name__)}"
+    reporter = Progress(num_examples, 0, f"{prefix}: {label}" if prefix else label, show, unit="example")
+    total_loss, correct, count, batches, seen = 0.0, 0, 0, 0, 0
     for batch in task.eval_batches(batch_size, num_examples, split=split):
         batch = batch.to(device)
         logits, _ = model(batch.inputs, mask=batch.mask)
         loss, c, n = loss_and_accuracy(logits, batch, task.kind)
         total_loss, correct, count, batches = total_loss + float(loss), correct + int(c), count + int(n), batches + 1
+        seen += batch.inputs.shape[0]
+        reporter.update(seen)
+    reporter.finish(seen)
     model.train(was_training)
     return {"loss": total_loss / max(1, batches), "accuracy": 100.0 * correct / max(1, count)}
 
