@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from chronomem.train import distributed, progress
-from chronomem.train.progress import Progress, wanted
 from chronomem.train.checkpoint import (
     CheckpointError,
     check_new_run,
@@ -33,6 +32,7 @@ from chronomem.train.checkpoint import (
     save_config,
 )
 from chronomem.train.metrics import MetricsLogger, loss_and_accuracy
+from chronomem.train.progress import Progress, wanted
 
 OPTIMIZERS = ("adamw", "rmsprop")
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
