@@ -661,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "bench":
             return cmd_bench(None, argv[1:])
         args = parser.parse_args(argv)
-        if getattr(args, "threads", None) is not None or command in ("train", "eval", "run", "lm"):
+        if hasattr(args, "threads"):  # every command that computes (rl train: its --torch-threads)
             from chronomem.threads import use_threads
 
             use_threads(args.threads)
