@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from chronomem.registry import get_model
+from chronomem.threads import Measured
 
 REFERENCE = "lstm"  # every ratio of the acting table is to this core's step
 FILL_CALL = 64  # steps per call while filling the memory (a multiple of every chunk size here)
@@ -210,13 +211,6 @@ def format_learning(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def load_average() -> str | None:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:  # not Linux
-        return None
-
-
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cores", nargs="+", default=None, help="registry names (default: every row of CORES); "
@@ -251,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     width = dict(dim=args.dim, depth=args.depth, heads=args.heads, batch=args.batch, fill=args.fill, seed=args.seed)
     start = time.perf_counter()
-    load_before = load_average()
+    measured = Measured(log=print).start()
     acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, **width)
     print(f"acting: x [{args.batch}, 1, {args.dim}], depth {args.depth}, {args.heads} heads, state after "
           f"{args.fill} steps, {torch.get_num_threads()} thread(s), inference_mode, median of {args.repeats} "
@@ -264,15 +258,17 @@ def main(argv: list[str] | None = None) -> dict:
               f"steps, forward + backward, dones with p = {DONE_PROBABILITY:.4f} per step, median of "
               f"{args.learn_repeats}")
         print(format_learning(learning))
+    print()
+    conditions = measured.stop().record()
     result = {
         "config": {**vars(args), "threads": torch.get_num_threads()},
-        "loadavg": {"before": load_before, "after": load_average()},
+        "conditions": conditions,
+        "loadavg": {end: conditions[end]["load_average"] for end in ("before", "after")},  # 1 minute
         "seconds": round(time.perf_counter() - start, 1),
         "acting": acting,
         "learning": learning,
     }
-    print(f"\nload average before / after: {load_before} / {result['loadavg']['after']}; "
-          f"{result['seconds']:.0f} s")
+    print(f"{result['seconds']:.0f} s")
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ from chronomem.experiments.htm import BALLET_MODELS
 from chronomem.heads import build_model
 from chronomem.ops.htm_mix import READ_IMPLS
 from chronomem.registry import get_task
+from chronomem.threads import Measured
 
 
 def main(argv=None) -> None:
@@ -65,18 +66,20 @@ def main(argv=None) -> None:
 
     steps = {name: make_step(name) for name in args.impls}
     seconds: dict[str, list[float]] = {name: [] for name in args.impls}
-    for repeat in range(args.repeats + 1):  # the first round is a warm-up
-        for name, step in steps.items():
-            t = step()
-            if repeat:
-                seconds[name].append(t)
-    median = {name: statistics.median(v) for name, v in seconds.items()}
-    print(f"{args.level}, batch {args.batch} x {batch.inputs.shape[1]} steps, {torch.get_num_threads()} threads, "
-          f"training step (median of {args.repeats})")
-    for name in args.impls:
-        print(f"  {name:10s} {median[name]:7.3f} s")
-    if "auto" in median and len(median) > 1:
-        print(", ".join(f"{name} / auto = {median[name] / median['auto']:.2f}" for name in median if name != "auto"))
+    with Measured(log=print):
+        for repeat in range(args.repeats + 1):  # the first round is a warm-up
+            for name, step in steps.items():
+                t = step()
+                if repeat:
+                    seconds[name].append(t)
+        median = {name: statistics.median(v) for name, v in seconds.items()}
+        print(f"{args.level}, batch {args.batch} x {batch.inputs.shape[1]} steps, {torch.get_num_threads()} "
+              f"threads, training step (median of {args.repeats})")
+        for name in args.impls:
+            print(f"  {name:10s} {median[name]:7.3f} s")
+        if "auto" in median and len(median) > 1:
+            print(", ".join(f"{name} / auto = {median[name] / median['auto']:.2f}" for name in median
+                            if name != "auto"))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 from chronomem.bench import count_flops
 from chronomem.experiments.listops import SCALES, model_options
 from chronomem.registry import get_model
+from chronomem.threads import Measured
 
 
 def build(name: str):
@@ -46,6 +47,7 @@ def main(argv=None) -> None:
     models = {name: build(name) for name in names}
     x = torch.randn(args.batch, args.length, 64)
     seconds: dict[str, list[float]] = {name: [] for name in names}
+    measured = Measured(log=print).start()
     with torch.no_grad():
         for name in ("tlb", "blrp"):
             models[name](x[:, :1000])  # warm-up
@@ -75,6 +77,7 @@ def main(argv=None) -> None:
         for name in ("tlb", "blrp"):
             print(f"ratio Transformer / {name.upper():4s} = {median['transformer'] / median[name]:.2f} s, "
                   f"{flops['transformer'] / flops[name]:.2f} FLOPs   (target >= 5)")
+    measured.stop()
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch
 
 from chronomem.experiments.lm import SCALES, model_options
 from chronomem.heads import build_model
+from chronomem.threads import Measured
 
 PROMPT = b"Memory, n. The faculty of the mind by which it retains the knowledge of past events. "
 
@@ -59,6 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     scale = SCALES["quick"]
+    measured = Measured(log=print).start()
     print(f"{args.bytes} bytes after a {len(PROMPT)}-byte prompt, one thread, best of {args.repeats}; "
           "bytes per CPU second (per wall-clock second)")
     print(f"{'model':<16}{'params':>10}{'state carried':>22}{'recomputing':>22}")
@@ -69,6 +71,7 @@ def main() -> None:
         slow = best_speed(recomputing, net, args.bytes // 5, args.repeats)
         params = sum(p.numel() for p in net.parameters())
         print(f"{model:<16}{params:>10,}{fast:>22}{slow:>22}")
+    measured.stop()
 
 
 if __name__ == "__main__":

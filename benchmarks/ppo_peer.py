@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from chronomem.threads import Measured
+
 ENV = "MiniGrid-DoorKey-5x5-v0"
 NUM_ENVS, FRAMES_PER_ENV, EPOCHS, BATCH, LR, RECURRENCE = 16, 128, 4, 256, 1e-3, 4
 TARGET = 0.9
@@ -167,7 +169,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--max-frames", type=int, default=400_000, help="a run that has not reached 0.9 stops here")
-    parser.add_argument("--json", help="write the records here")
+    parser.add_argument("--json", help="write the conditions and the records here")
     parser.add_argument("--one", choices=sorted(RUNNERS), help=argparse.SUPPRESS)  # a child process's run
     args = parser.parse_args(argv)
     if args.max_frames < NUM_ENVS * FRAMES_PER_ENV:
@@ -179,6 +181,7 @@ def main(argv=None) -> None:
         print(json.dumps(RUNNERS[args.one](args.seeds[0], args.max_frames)))
         return
     records = []
+    measured = Measured(threads=1, log=print).start()  # the runs' processes: one torch thread each
     for seed in args.seeds:
         for name in RUNNERS:
             records.append(measure(name, seed, args.max_frames))
@@ -186,9 +189,10 @@ def main(argv=None) -> None:
             print(f"  {name}, seed {seed}: {r['fps']:,.0f} frames/s, reached {TARGET} at {r['reached']}",
                   file=sys.stderr, flush=True)
     print(table(records, args.max_frames))
+    measured.stop()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(records, f, indent=2)
+            json.dump({"conditions": measured.record(), "records": records}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from chronomem.relevance import MemRNN, RelevanceLSTM, RelevanceRNN
+from chronomem.threads import Measured
 
 
 class CellLSTM(nn.Module):
@@ -85,6 +86,7 @@ def main() -> None:
     tokens = torch.randint(0, 10, (args.batch, args.seq))
     targets = torch.randint(0, 10, (args.batch, args.seq))
     times: dict[str, list[float]] = {k: [] for k in models}
+    measured = Measured(log=print).start()
     for k in models:  # warm-up
         time_step(models[k], opts[k], tokens, targets)
     for _ in range(args.repeats):  # interleaved, so machine load affects both alike
@@ -96,6 +98,7 @@ def main() -> None:
     for k, ts in times.items():
         med = statistics.median(ts)
         print(f"  {k:16s} {1000 * med:8.1f} ms   ratio to lstm-cell-loop {med / base:5.2f}x")
+    measured.stop()
 
 
 if __name__ == "__main__":

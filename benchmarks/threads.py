@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from chronomem.threads import Measured
+
 WORKER = r"""
 import json, statistics, sys, time
 import torch
@@ -59,6 +61,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     rows = []
+    # Around the whole script: a load above the cores at either end means the "idle" rows were not.
+    measured = Measured(threads=sorted(args.threads), log=print).start()
     for load in ("idle", "busy"):
         others = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(args.busy if load == "busy" else 0)]
         try:
@@ -76,6 +80,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for load, policy, threads, ms in rows:
         print(f"| {load} | {policy} | {threads} | {ms:.1f} | {ms / base[load]:.2f}x |")
+    measured.stop()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from chronomem.threads import Measured
 from chronomem.tlb import TLB
 
 
@@ -74,6 +75,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    measured = Measured(log=print).start()
     generator = torch.Generator().manual_seed(0)
     B, D = args.batch, args.dim
     xs = torch.randn(args.steps, B, 1, D, generator=generator)
@@ -118,6 +120,7 @@ def main() -> None:
     print(f"\nrollout x [{B}, {args.rollout}, {D}], CPU ms, median of {args.repeats}: without done / with done")
     print(f"{'model':>15} | {'p':>6} {'ends':>4} | {'state':>9} | {'forward':>25} | {'forward + backward':>25}")
     print("\n".join(rollouts))
+    measured.stop()
 
 
 if __name__ == "__main__":

@@ -83,9 +83,36 @@ def test_quick_schema(tmp_path, plugin):
                 assert math.isclose(p["tokens_per_s"], n / p["seconds"], rel_tol=1e-6)
         fit = results["slopes"][model]["train"]["time"]
         assert fit["range"] == [32, 96] and fit["points"] == 2 and math.isfinite(fit["slope"])
+    conditions = results["conditions"]  # the workers' threads, the load before and after the run
+    assert conditions["busy"] in (True, False)
+    for end in ("before", "after"):
+        assert conditions[end]["torch_threads"] == 1 and conditions[end]["cores"] >= 1
+        assert {"omp_num_threads", "omp_wait_policy", "load_average"} <= set(conditions[end])
     report = (out / "report.md").read_text()
     assert "| transformer |" in report and "| bench-tiny |" in report
+    assert "Conditions: 1 torch thread, " in report
     assert (out / "time.png").stat().st_size > 0 and (out / "memory.png").stat().st_size > 0
+
+
+def test_busy_machine_is_flagged(tmp_path, plugin, monkeypatch, capsys):
+    """A load above the cores, read by the parent before and after the sweep, is printed, stored in
+    results.json and written into report.md."""
+    import os
+
+    from chronomem.threads import available_cores
+
+    load = available_cores() + 1.5
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load), raising=False)
+    out = tmp_path / "busy"
+    argv = ["--models", "bench-tiny", "--lengths", "8", "--mode", "infer"]
+    assert bench.main([*argv, *TINY, "--plugin", plugin, "--out", str(out)]) == 0
+    results, _ = _points(out)
+    assert results["conditions"]["busy"] is True
+    assert results["conditions"]["before"]["load_average"] == round(load, 2)
+    flag = f"MEASURED ON A BUSY MACHINE (load {round(load, 2):g} > {available_cores()} cores)"
+    printed = capsys.readouterr().out
+    assert printed.count("conditions before: ") == 1 and flag in printed.split("conditions: ")[1]
+    assert flag in (out / "report.md").read_text()
 
 
 def test_oom_error_and_skip(tmp_path, plugin):

@@ -11,7 +11,9 @@
 * ``command``: the command line; ``flops``: FLOP counts of one pass.
 
 A run writes ``OUT/results.json``, ``OUT/report.md``, ``OUT/time.png`` and ``OUT/memory.png`` (or
-``OUT/peers.json`` with ``--peer only``) into a new directory, or one that holds no earlier run.
+``OUT/peers.json`` with ``--peer only``) into a new directory, or one that holds no earlier run. Both
+JSON files hold the conditions of the run (threads, OpenMP settings, load average before and after,
+``busy`` when it exceeded the cores: ``chronomem.threads.Measured``).
 docs/benchmarks.md describes the measurements.
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from chronomem.bench.peers import compare_peers
 from chronomem.bench.report import FIT_RANGE, machine_info, slopes, targets, write_json, write_plots, write_report
 from chronomem.bench.sweep import DEFAULT_LENGTHS, DEFAULT_MODELS, QUICK_LENGTHS, resolve_models, sweep
-from chronomem.threads import check_threads, default_threads
+from chronomem.threads import Measured, check_threads, default_threads
 
 # Every file a benchmark run writes into --out; a directory holding one of them holds another run.
 OUTPUTS = ("results.json", "report.md", "time.png", "memory.png", "peers.json")
@@ -149,9 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     machine = machine_info()
+    # The workers and the peer timings run with args.threads; the load is read before and after the
+    # whole run, and a load above the cores at either end is flagged in the output and the report.
+    measured = Measured(threads=args.threads, log=print).start()
     if args.peer == "only":
         peers = compare_peers(repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed)
-        write_json(out / "peers.json", {"machine": machine, **peers})
+        write_json(out / "peers.json", {"machine": machine, "conditions": measured.stop().record(), **peers})
         return 0
     results = sweep(args)
     results["config"]["fit_range"] = list(FIT_RANGE)
@@ -163,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         results["peers"] = compare_peers(
             repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed
         )
+    results["conditions"] = measured.stop().record()
     results["seconds"] = round(time.perf_counter() - start, 1)
     write_json(out / "results.json", results)
     write_report(out, results)

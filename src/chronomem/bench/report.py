@@ -13,6 +13,7 @@ from typing import Any
 from chronomem.bench.peers import peer_report
 from chronomem.bench.sweep import SKIPPED
 from chronomem.bench.worker import OK, OOM, TIMEOUT
+from chronomem.threads import summarize
 
 FIT_RANGE = (1024, 32768)
 # Scaling targets of the efficient memories, evaluated on the training step and reported, never
@@ -137,6 +138,10 @@ def write_report(out: Path, results: dict) -> None:
         f"memory cap {cfg['memory_cap_mb']} MB. Each (model, N) in a fresh process.",
         f"Machine: {mach.get('processor')}, {mach.get('cpu_count')} CPUs, torch {mach.get('torch')}, "
         f"load average at start {mach.get('load_average')}. Total {results['seconds']:.0f} s.",
+    ]
+    if results.get("conditions"):  # runs written before the conditions were recorded have none
+        lines.append(f"Conditions: {summarize(results['conditions'])}.")
+    lines += [
         "",
         "Cells: seconds per pass / peak resident memory above the baseline (MB).",
         "",
