@@ -43,7 +43,10 @@ Registered ids (``ballet_id(level, observation)``): ``chronomem/Ballet-<level>-v
 ``chronomem/Ballet-<level>-symbolic-v0`` for every level, and ``chronomem/Ballet-mixture[-symbolic]-v0``,
 ``BalletMixture``: paper 001's training distribution, a level drawn uniformly per episode (App. B.1).
 Agents are built on them through ``chronomem.envs.make.make_vector_env`` like any other id, so
-the RL agent and the supervised dataset (``chronomem.tasks.ballet``) use this module's rules.
+the RL agent and the supervised dataset (``chronomem.tasks.ballet``) use this module's rules. Every id
+also has a natively vectorised version, ``chronomem.envs.ballet_vector.BalletVectorEnv``
+(``gymnasium.make_vec(id, num_envs=B)``): the same rules as array operations over ``B`` episodes,
+tested step for step against ``BalletEnv``, which stays the readable reference.
 
 Gymnasium is the optional extra ``chronomem[rl]``: without it this module still imports (the
 supervised dataset needs only the facts and layouts) and ``BalletEnv(...)`` raises.
@@ -490,11 +493,16 @@ def ballet_id(level: str = MIXTURE, observation: str = "pixels") -> str:
     return f"chronomem/Ballet-{level}{'-symbolic' if observation == 'symbolic' else ''}-v0"
 
 
+# Every id also has the natively vectorised env (``gymnasium.make_vec(id, num_envs=B)``), named by a
+# string: ballet_vector imports this module, so importing it here would be circular.
+VECTOR_ENTRY_POINT = "chronomem.envs.ballet_vector:BalletVectorEnv"
 if gym is not None and GYM_ID not in gym.registry:
-    gym.register(id=GYM_ID, entry_point=BalletEnv)
+    gym.register(id=GYM_ID, entry_point=BalletEnv, vector_entry_point=VECTOR_ENTRY_POINT)
     for _observation in ("pixels", "symbolic"):
         for _level in LEVELS:
             gym.register(id=ballet_id(_level, _observation), entry_point=BalletEnv,
-                         kwargs={"level": _level, "observation": _observation})
+                         vector_entry_point=VECTOR_ENTRY_POINT, kwargs={"level": _level, "observation": _observation})
+        # the levels are spelled out so that both entry points read them: BalletMixture(levels=...) and
+        # BalletVectorEnv(levels=...), which tells the mixture from one level by them
         gym.register(id=ballet_id(MIXTURE, _observation), entry_point=BalletMixture,
-                     kwargs={"observation": _observation})
+                     vector_entry_point=VECTOR_ENTRY_POINT, kwargs={"levels": LEVELS, "observation": _observation})

@@ -6,11 +6,17 @@
   levels and the paper's level mixture, ``import popgym`` POPGym's environments (wrapped by
   ``chronomem.envs.popgym.wrap``); an unknown id is a ValueError listing close matches. MiniGrid
   and BabyAI environments get ``chronomem.envs.minigrid.MissionTokens``.
-* ``make_vector_env`` builds ``num_envs`` copies, ``SyncVectorEnv`` (one process: tests, and as fast
-  as subprocesses on 2 cores) or ``AsyncVectorEnv`` (one subprocess each, ``shared_memory=False``),
-  with ``autoreset_mode=SAME_STEP``: the step that ends an episode returns the *next* episode's first
+* ``make_vector_env`` builds ``num_envs`` environments of one id as a vector env with
+  ``autoreset_mode=SAME_STEP``: the step that ends an episode returns the *next* episode's first
   observation and the final one in ``info["final_obs"]``. (Gymnasium 1.x's default, NEXT_STEP,
-  spends one extra step per episode whose action is ignored; docs/rl.md, "Autoreset".)
+  spends one extra step per episode whose action is ignored; docs/rl.md, "Autoreset".) Three ways
+  (``vectorization``): ``"native"``, the id's own vector env (``gym.make_vec(...,
+  vectorization_mode="vector_entry_point")``: Ballet's ``BalletVectorEnv``, ``CueRecallVector``; one
+  numpy step for all envs, tested equal to the sync way), the default for an id that registered one;
+  otherwise ``"sync"``, ``SyncVectorEnv`` over ``make_env`` copies (one process: tests, and as fast
+  as subprocesses on 2 cores), or ``"async"``, ``AsyncVectorEnv`` (one subprocess each,
+  ``shared_memory=False``). MiniGrid, BabyAI and POPGym ids have no native env: they go the sync or
+  async way, with ``make_env``'s wrappers.
 * Seeding: ``envs.reset(seed=[s_0, ..., s_{B-1}])`` seeds every env once; later episodes continue
   each env's own generator. ``env_seeds(seed, frames, B)`` gives distinct seeds per run and restart.
 
@@ -83,14 +89,43 @@ def make_env(env_id: str, render_mode: str | None = None, max_words: int = MAX_W
     return env
 
 
-def make_vector_env(env_id: str, num_envs: int, asynchronous: bool = False, **options):
-    """``num_envs`` copies of ``make_env(env_id, **options)`` with same-step autoreset (module docstring)."""
+VECTORIZATIONS = ("native", "sync", "async")
+
+
+def has_native(env_id: str) -> bool:
+    """Whether ``env_id`` registered a natively vectorised env (a ``vector_entry_point``)."""
+    check_env_id(env_id)
+    return gym.spec(env_id).vector_entry_point is not None
+
+
+def make_vector_env(env_id: str, num_envs: int, asynchronous: bool = False, vectorization: str | None = None,
+                    **options):
+    """``num_envs`` environments ``env_id`` as one vector env with same-step autoreset (module docstring).
+
+    ``vectorization``: ``"native"`` (the id's own vector env, ``gym.make_vec(env_id, num_envs=num_envs,
+    vectorization_mode="vector_entry_point", **options)``), ``"sync"`` or ``"async"`` (``num_envs``
+    copies of ``make_env(env_id, **options)`` in a ``SyncVectorEnv`` / ``AsyncVectorEnv``); None: native
+    when the id has one, else async if ``asynchronous``, else sync. ``options`` go to the environment's
+    constructor either way (and ``max_episode_steps`` to Gymnasium's time limit, which the native envs
+    apply themselves)."""
     check_env_id(env_id)
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    if vectorization is not None and vectorization not in VECTORIZATIONS:
+        raise ValueError(f"vectorization must be None or one of {', '.join(VECTORIZATIONS)}, got {vectorization!r}")
+    native = has_native(env_id)
+    if vectorization is None:
+        vectorization = "native" if native else "async" if asynchronous else "sync"
+    elif asynchronous and vectorization != "async":
+        raise ValueError(f"asynchronous=True asks for subprocesses, but vectorization={vectorization!r}")
+    if vectorization == "native":
+        if not native:
+            raise ValueError(f"vectorization='native': {env_id!r} has no natively vectorised env (no "
+                             f"vector_entry_point); use 'sync' or 'async'")
+        return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **options)
     fns = [lambda: make_env(env_id, **options) for _ in range(num_envs)]
     mode = gym.vector.AutoresetMode.SAME_STEP
-    if asynchronous:
+    if vectorization == "async":
         return gym.vector.AsyncVectorEnv(fns, shared_memory=False, autoreset_mode=mode)
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
 
