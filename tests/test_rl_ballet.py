@@ -189,3 +189,58 @@ def test_ballet_ids():
         ballet_id("3_delay16")
     with pytest.raises(ValueError, match="observation"):
         ballet_id("2_delay16", "rgb")
+
+
+@pytest.mark.parametrize("observation", ["symbolic", "pixels"])
+def test_cells_encoder_is_the_cnns_first_layer_alone(observation):
+    """``visual="cells"``: the per-cell linear map equals the CNN's first layer (the 1x1 convolution, or
+    the 9x9 stride-9 one on pixels) with the same weights, read channels last, and the decoder's loss
+    matches the naive per-step reference."""
+    torch.manual_seed(0)
+    obs, envs = ballet_batch(observation)
+    space = envs.single_observation_space
+    cnn, cells = encoder_for(space, 8, "cnn"), encoder_for(space, 8, "cells")
+    assert not hasattr(cells, "conv") and cells.project.in_features == 16 * 11 * 11 + 32
+    first = cnn.conv[0]
+    with torch.no_grad():
+        first.weight.copy_(cells.cells.weight.view(16, 9, 9, 3).permute(0, 3, 1, 2) if observation == "pixels"
+                           else cells.cells.weight.view(16, 36, 1, 1))
+        first.bias.copy_(cells.cells.bias)
+    picture, _ = cnn.reconstruction_targets(obs)
+    reference = torch.relu(first(picture.flatten(0, 1))).permute(0, 2, 3, 1)  # [B * N, 11, 11, 16]
+    cell_picture, instruction = cells.reconstruction_targets(obs)
+    torch.testing.assert_close(torch.relu(cells.cells(cell_picture)).flatten(0, 1), reference, atol=1e-5, rtol=1e-5)
+    decoder, y = cells.decoder(8), torch.randn(2, 3, 8)
+    loss = decoder(y, cell_picture, instruction)
+    for b in range(2):
+        for t in range(3):
+            logits = decoder.cells(torch.relu(decoder.unproject(y[b, t]).view(11, 11, 16))).double()
+            p, target = torch.sigmoid(logits), cell_picture[b, t].double()
+            image = -(target * p.log() + (1 - target) * (1 - p).log()).mean()
+            word = -F.log_softmax(decoder.words(y[b, t]).double(), -1)[instruction[b, t]]
+            torch.testing.assert_close(loss[b, t].double(), image + word, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="visual must be one of"):
+        BalletEncoder(8, visual="mlp")
+    with pytest.raises(ValueError, match="visual='cells' is Ballet's"):
+        encoder_for(make_env("chronomem/CueRecall-v0").observation_space, 8, "cells")
+
+
+def test_reconstructing_every_kth_step_is_an_unbiased_estimate():
+    """``reconstruct_every=k``: the loss of the steps ``phase, phase + k, ...``; its mean over the k
+    phases is the loss of every step (T a multiple of k), and the phase is drawn per call."""
+    torch.manual_seed(0)
+    obs, envs = ballet_batch("symbolic", steps=6)
+    space = envs.single_observation_space
+    full = ActorCritic(encoder_for(space, 8, "cells"), get_model("lstm")(8, 1, 2, True), 8, 8, reconstruction=1.0)
+    sub = ActorCritic(encoder_for(space, 8, "cells"), get_model("lstm")(8, 1, 2, True), 8, 8, reconstruction=1.0,
+                      reconstruct_every=3)
+    sub.load_state_dict(full.state_dict())
+    full(obs)
+    losses = {}  # one loss per phase: 3 distinct values over enough calls
+    for _ in range(40):
+        sub(obs)
+        losses[round(float(sub.reconstruction_loss), 6)] = sub.reconstruction_loss
+    assert len(losses) == 3
+    torch.testing.assert_close(torch.stack(list(losses.values())).mean(), full.reconstruction_loss)
+    with pytest.raises(ValueError, match="reconstruct_every"):
+        ActorCritic(encoder_for(space, 8), get_model("lstm")(8, 1, 2, True), 8, 8, reconstruct_every=0)

@@ -31,6 +31,11 @@ acting feeds ``N = 1``; a learner replays ``N = T`` steps), and returns ``[B, N,
   concatenated and projected to ``dim``. ``decoder(width)`` builds the reconstruction decoder of
   App. A.1 ("architectural transposes of the encoders, with independent weights"):
   ``default_reconstruction = 1`` (App. A Table 1's weight; App. D.4 shows Ballet needs it).
+  ``visual="cells"`` (deviation, CPU-sized: the ``quick`` scale of ``ballet-rl``) keeps only the
+  per-cell layer (the 1x1 convolution, or on pixels the 9x9 stride-9 one) and drops the two 3x3
+  layers, so the projection reads the cells directly; its decoder is the same map transposed. A
+  frame then costs about a tenth of the CNN's multiply-adds in the encoder and in the decoder
+  (docs/rl.md, "A Ballet agent sized for a CPU").
 * ``SpacesEncoder``: a dict of ``Discrete`` / ``MultiDiscrete`` / 1-D ``Box`` parts (POPGym's
   observations, ``chronomem.envs.popgym``): each discrete index has an embedding (a ``MultiDiscrete``
   part one table per component), a ``Box`` part a linear map, and the encoder returns their sum:
@@ -184,28 +189,46 @@ class BalletEncoder(nn.Module):
 
     ``observation``: ``"symbolic"`` (``grid``) or ``"pixels"`` (``image``); ``vocab_size``: the
     instruction's tokens; ``view``: cells per side; ``symbols``: channels of a symbolic cell;
-    ``cell_pixels``: pixels per cell side."""
+    ``cell_pixels``: pixels per cell side; ``visual``: ``"cnn"`` (paper 001's three layers) or
+    ``"cells"`` (its per-cell layer alone, module docstring: a linear map of each cell's vector, its
+    symbols or its 9x9x3 pixels, computed channels last)."""
 
     default_reconstruction = 1.0  # paper 001, App. A Table 1 (Ballet)
+    VISUALS = ("cnn", "cells")
 
     def __init__(self, dim: int, observation: str = "symbolic", vocab_size: int = 14, view: int = 11,
                  symbols: int = 36, cell_pixels: int = 9, channels: tuple[int, int, int] = (16, 32, 32),
-                 word_dim: int = 32):
+                 word_dim: int = 32, visual: str = "cnn"):
         super().__init__()
         if observation not in ("symbolic", "pixels"):
             raise ValueError(f"observation must be 'symbolic' or 'pixels', got {observation!r}")
+        if visual not in self.VISUALS:
+            raise ValueError(f"visual must be one of {self.VISUALS}, got {visual!r}")
         self.dim = check_positive(dim, "dim")
-        self.observation, self.key = observation, "grid" if observation == "symbolic" else "image"
+        self.observation, self.key, self.visual = observation, "grid" if observation == "symbolic" else "image", visual
         self.vocab_size = check_positive(vocab_size, "vocab_size")
         self.view, self.symbols = check_positive(view, "view"), check_positive(symbols, "symbols")
         self.cell_pixels, self.channels = check_positive(cell_pixels, "cell_pixels"), tuple(channels)
         c1, c2, c3 = self.channels
-        first = (nn.Conv2d(symbols, c1, 1) if observation == "symbolic"
-                 else nn.Conv2d(3, c1, cell_pixels, stride=cell_pixels))
-        self.conv = nn.Sequential(first, nn.ReLU(), nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(),
-                                  nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(), nn.Flatten())
+        if visual == "cnn":
+            first = (nn.Conv2d(symbols, c1, 1) if observation == "symbolic"
+                     else nn.Conv2d(3, c1, cell_pixels, stride=cell_pixels))
+            self.conv = nn.Sequential(first, nn.ReLU(), nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(),
+                                      nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(), nn.Flatten())
+        else:  # the same per-cell map as the CNN's first layer, as a linear layer over each cell's vector
+            self.cells = nn.Linear(self.cell_inputs, c1)
         self.words = nn.Embedding(vocab_size, word_dim)
-        self.project = nn.Linear(c3 * view * view + word_dim, dim)
+        self.project = nn.Linear(self.cell_features * view * view + word_dim, dim)
+
+    @property
+    def cell_inputs(self) -> int:
+        """The numbers that describe one cell: its symbols, or its pixels and their colours."""
+        return self.symbols if self.observation == "symbolic" else self.cell_pixels**2 * 3
+
+    @property
+    def cell_features(self) -> int:
+        """Features per cell that the projection reads: the last layer's channels."""
+        return self.channels[2] if self.visual == "cnn" else self.channels[0]
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -215,8 +238,9 @@ class BalletEncoder(nn.Module):
         return (side, side, 3)
 
     def reconstruction_targets(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """``(picture [B, N, C, H, W] in [0, 1], instruction [B, N] int64)`` of a checked observation:
-        the encoder's inputs, and what ``BalletDecoder`` reconstructs."""
+        """``(picture, instruction [B, N] int64)`` of a checked observation: the encoder's inputs, and
+        what ``BalletDecoder`` reconstructs. ``picture`` is in [0, 1]: ``[B, N, C, H, W]`` for the CNN,
+        ``[B, N, view, view, cell_inputs]`` (one vector per cell) for ``visual="cells"``."""
         if not isinstance(obs, dict) or not {self.key, "instruction"} <= set(obs):
             raise TypeError(f"obs must be a dict with {self.key!r} and 'instruction' (Ballet, observation="
                             f"{self.observation!r}), got "
@@ -231,16 +255,29 @@ class BalletEncoder(nn.Module):
         high = 1 if self.observation == "symbolic" else 255  # one-hot symbols; 8-bit pixels
         if picture.dtype != torch.uint8 and bool(((picture < 0) | (picture > high)).any()):
             raise ValueError(f"{key} must hold values in [0, {high}], got [{int(picture.min())}, {int(picture.max())}]")
-        # No int64 copy of the pixels: straight to floats in [0, 1] (the paper's pixel range), channels first.
-        picture = (picture.to(parameter_dtype(self)) / high).permute(0, 1, 4, 2, 3)
         instruction = _check_ids(obs["instruction"], "obs['instruction']", (), self.vocab_size)
+        # No int64 copy of the pixels: straight to floats in [0, 1] (the paper's pixel range).
+        picture = picture.to(parameter_dtype(self))
+        if high != 1:
+            picture = picture / high
+        if self.visual == "cnn":
+            return picture.permute(0, 1, 4, 2, 3), instruction  # channels first
+        if self.observation == "pixels":  # [.., 99, 99, 3] -> the 9x9x3 pixels of each of the 11x11 cells
+            batch, steps, v, p = *picture.shape[:2], self.view, self.cell_pixels
+            picture = picture.view(batch, steps, v, p, v, p, 3).transpose(3, 4).reshape(batch, steps, v, v, -1)
         return picture, instruction
 
-    def forward(self, obs: dict[str, Tensor]) -> Tensor:
-        picture, instruction = self.reconstruction_targets(obs)
+    def encode(self, picture: Tensor, instruction: Tensor) -> Tensor:
+        """``[B, N, dim]`` from ``reconstruction_targets``' output (so a learner checks and converts once)."""
         batch, steps = instruction.shape
-        grid = self.conv(picture.flatten(0, 1)).view(batch, steps, -1)
+        if self.visual == "cnn":
+            grid = self.conv(picture.flatten(0, 1)).view(batch, steps, -1)
+        else:
+            grid = torch.relu(self.cells(picture)).flatten(2)
         return self.project(torch.cat([grid, self.words(instruction)], -1))
+
+    def forward(self, obs: dict[str, Tensor]) -> Tensor:
+        return self.encode(*self.reconstruction_targets(obs))
 
     def decoder(self, width: int) -> BalletDecoder:
         """The reconstruction decoder from the core's output of ``width`` (paper 001, App. A.1)."""
@@ -250,28 +287,34 @@ class BalletEncoder(nn.Module):
 class BalletDecoder(nn.Module):
     """Paper 001's reconstruction of each step's observation from the core's output (App. A.1): the
     transpose of the visual encoder (a linear map back to the 11x11 grid of cells, then transposed
-    convolutions mirroring the encoder's, independent weights) and a linear map to the instruction's
-    token logits. ``decoder(y, picture, instruction)`` (the targets from the encoder's
-    ``reconstruction_targets(obs)``) returns the loss of each step ``[B, N]``: the sigmoid
-    cross-entropy of the picture (pixels scaled to [0, 1], or the 0/1 symbols) averaged over pixels and
-    channels, plus the softmax cross-entropy of the instruction (one word per step: the paper's sum
-    over the instruction's words is this one term)."""
+    convolutions mirroring the encoder's, or with ``visual="cells"`` the per-cell linear map
+    transposed; independent weights) and a linear map to the instruction's token logits.
+    ``decoder(y, picture, instruction)`` (the targets from the encoder's ``reconstruction_targets(obs)``)
+    returns the loss of each step ``[B, N]``: the sigmoid cross-entropy of the picture (pixels scaled
+    to [0, 1], or the 0/1 symbols) averaged over pixels and channels, plus the softmax cross-entropy of
+    the instruction (one word per step: the paper's sum over the instruction's words is this one term)."""
 
     def __init__(self, encoder: BalletEncoder, width: int):
         super().__init__()
         c1, c2, c3 = encoder.channels
-        view = encoder.view
-        self.shape = (c3, view, view)
-        self.unproject = nn.Linear(check_positive(width, "width"), c3 * view * view)
-        last = (nn.ConvTranspose2d(c1, encoder.symbols, 1) if encoder.observation == "symbolic"
-                else nn.ConvTranspose2d(c1, 3, encoder.cell_pixels, stride=encoder.cell_pixels))
-        self.deconv = nn.Sequential(nn.ReLU(), nn.ConvTranspose2d(c3, c2, 3, padding=1), nn.ReLU(),
-                                    nn.ConvTranspose2d(c2, c1, 3, padding=1), nn.ReLU(), last)
+        view, self.visual = encoder.view, encoder.visual
+        self.unproject = nn.Linear(check_positive(width, "width"), encoder.cell_features * view * view)
+        if self.visual == "cnn":
+            self.shape = (c3, view, view)
+            last = (nn.ConvTranspose2d(c1, encoder.symbols, 1) if encoder.observation == "symbolic"
+                    else nn.ConvTranspose2d(c1, 3, encoder.cell_pixels, stride=encoder.cell_pixels))
+            self.deconv = nn.Sequential(nn.ReLU(), nn.ConvTranspose2d(c3, c2, 3, padding=1), nn.ReLU(),
+                                        nn.ConvTranspose2d(c2, c1, 3, padding=1), nn.ReLU(), last)
+        else:
+            self.shape = (view, view, c1)
+            self.cells = nn.Linear(c1, encoder.cell_inputs)
         self.words = nn.Linear(width, encoder.vocab_size)
 
     def forward(self, y: Tensor, picture: Tensor, instruction: Tensor) -> Tensor:
         batch, steps = instruction.shape
-        logits = self.deconv(self.unproject(y).reshape(batch * steps, *self.shape))
+        grid = self.unproject(y).reshape(batch * steps, *self.shape)
+        # [B * N, C, H, W] for the CNN; channels last, [B * N, view, view, cell_inputs], for the cells
+        logits = self.deconv(grid) if self.visual == "cnn" else self.cells(torch.relu(grid))
         image_loss = F.binary_cross_entropy_with_logits(logits.float(), picture.flatten(0, 1).float(),
                                                         reduction="none").mean((1, 2, 3)).view(batch, steps)
         word_loss = F.cross_entropy(self.words(y).flatten(0, 1).float(), instruction.flatten(),
@@ -335,10 +378,17 @@ def _space_part(name: str, space) -> tuple[str, int | tuple[int, ...]]:
                     f"got {space}")
 
 
-def encoder_for(observation_space, dim: int) -> nn.Module:
+def encoder_for(observation_space, dim: int, visual: str = "cnn") -> nn.Module:
     """The encoder of a Gymnasium observation space: a MiniGrid dict (``image`` [v, v, 3], ``direction``,
-    ``mission`` token ids) or a 1-D float ``Box``."""
+    ``mission`` token ids), a Ballet dict, a dict of POPGym parts or a 1-D float ``Box``. ``visual``
+    chooses Ballet's visual encoder (``BalletEncoder``); another space takes only ``"cnn"``, its own."""
+    if visual not in BalletEncoder.VISUALS:
+        raise ValueError(f"visual must be one of {BalletEncoder.VISUALS}, got {visual!r}")
     spaces = getattr(observation_space, "spaces", None)
+    is_ballet = isinstance(spaces, dict) and "instruction" in spaces and bool({"grid", "image"} & set(spaces))
+    if visual != "cnn" and not is_ballet:
+        raise ValueError(f"visual={visual!r} is Ballet's per-cell encoder; this observation space has its own "
+                         f"encoder (use visual='cnn'): {observation_space}")
     if isinstance(spaces, dict) and "image" in spaces and "direction" in spaces:
         view = spaces["image"].shape[0]
         if spaces["image"].shape != (view, view, 3):
@@ -350,13 +400,13 @@ def encoder_for(observation_space, dim: int) -> nn.Module:
             raise TypeError("obs 'mission' must be token ids (wrap the env with chronomem.envs.minigrid."
                             f"MissionTokens), got the space {mission}")
         return MiniGridEncoder(dim, vocab_size=int(mission.high.max()) + 1, max_words=mission.shape[0], view=view)
-    if isinstance(spaces, dict) and "instruction" in spaces and ({"grid", "image"} & set(spaces)):
+    if is_ballet:
         observation = "symbolic" if "grid" in spaces else "pixels"
         picture = spaces["grid" if observation == "symbolic" else "image"].shape
         if observation == "symbolic":
             return BalletEncoder(dim, observation, vocab_size=int(spaces["instruction"].n), view=picture[0],
-                                 symbols=picture[2])
-        return BalletEncoder(dim, observation, vocab_size=int(spaces["instruction"].n))
+                                 symbols=picture[2], visual=visual)
+        return BalletEncoder(dim, observation, vocab_size=int(spaces["instruction"].n), visual=visual)
     if isinstance(spaces, dict):
         return SpacesEncoder({name: _space_part(name, space) for name, space in spaces.items()}, dim)
     shape, dtype = getattr(observation_space, "shape", None), getattr(observation_space, "dtype", None)

@@ -374,11 +374,14 @@ class ActorCritic(nn.Module):
     ``decoder(width)``; an encoder without one is a ValueError). A forward that records gradients
     (the learner's replay, not acting under ``torch.inference_mode``) stores ``w`` times the mean
     loss over its steps in ``auxiliary_loss`` and the unweighted mean in ``reconstruction_loss``
-    (logged as its own column by PPO); otherwise both are None.
+    (logged as its own column by PPO); otherwise both are None. ``reconstruct_every=k`` (deviation, a
+    CPU budget; default 1, every step) decodes one step in every ``k`` of the call, from a phase drawn
+    at random per call: an unbiased estimate of the mean over every step at ``1 / k`` of the decoder's
+    cost (on Ballet's symbolic grid the decoder and its loss are most of a learner step).
     """
 
     def __init__(self, encoder: nn.Module, core: nn.Module, num_actions: int, hidden: int = 64,
-                 reconstruction: float = 0.0):
+                 reconstruction: float = 0.0, reconstruct_every: int = 1):
         super().__init__()
         if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
             raise ValueError(f"num_actions must be a positive int, got {num_actions!r}")
@@ -391,6 +394,7 @@ class ActorCritic(nn.Module):
         self.actor = self._mlp(out_dim, hidden, num_actions, 0.01)
         self.critic = self._mlp(out_dim, hidden, 1, 1.0)
         self.reconstruction = float(reconstruction)
+        self.reconstruct_every = check_positive(reconstruct_every, "reconstruct_every")
         if self.reconstruction:
             if not hasattr(encoder, "decoder"):
                 raise ValueError(f"reconstruction={reconstruction} needs an encoder with a reconstruction decoder "
@@ -412,11 +416,17 @@ class ActorCritic(nn.Module):
         return self.core.init_state(batch_size, device)
 
     def forward(self, obs, state=None, done: Tensor | None = None):
-        x = self.encoder(obs)
+        learning = self.reconstruction and torch.is_grad_enabled()
+        targets = self.encoder.reconstruction_targets(obs) if learning else None  # checked and converted once
+        x = self.encoder(obs) if targets is None else self.encoder.encode(*targets)
         y, state = self.core(x, state=state) if done is None else self.core(x, state=state, done=done)
         self.auxiliary_loss = self.reconstruction_loss = None
-        if self.reconstruction and torch.is_grad_enabled():
-            loss = self.decoder(y, *self.encoder.reconstruction_targets(obs)).mean()  # every step of the call
+        if learning:
+            targets = (y, *targets)
+            if self.reconstruct_every > 1:  # every k-th step from a random phase (class docstring)
+                phase = int(torch.randint(min(self.reconstruct_every, y.shape[1]), ()))
+                targets = tuple(t[:, phase :: self.reconstruct_every] for t in targets)
+            loss = self.decoder(*targets).mean()
             self.auxiliary_loss, self.reconstruction_loss = self.reconstruction * loss, loss.detach()
         return self.actor(y), self.critic(y).squeeze(-1), state
 

@@ -102,6 +102,12 @@ class Job:
     resume: bool = False  # load the run from ``out`` if it finished there (chronomem run --resume)
 
 
+def ppo_settings(scale: TransferScale) -> dict[str, Any]:
+    """The ``chronomem.rl.ppo.Args`` fields a scale sets (the others keep rl-starter-files' defaults)."""
+    return dict(num_envs=scale.num_envs, num_steps=scale.num_steps, num_minibatches=scale.num_minibatches,
+                dim=scale.dim, hidden=scale.dim)
+
+
 def run_job(job: Job) -> dict[str, Any]:
     """Train one agent on the pair's small env and evaluate it on both envs; its row of numbers."""
     import torch
@@ -109,8 +115,7 @@ def run_job(job: Job) -> dict[str, Any]:
     from chronomem.rl.evaluate import evaluate
 
     s, pair = job.scale, PAIRS[job.pair]
-    ppo = dict(num_envs=s.num_envs, num_steps=s.num_steps, num_minibatches=s.num_minibatches, dim=s.dim, hidden=s.dim)
-    result = ppo_run(pair.train, job.model, MODELS[job.model], ppo, s.frames, job.seed, Path(job.out), job.progress,
+    result = ppo_run(pair.train, job.model, MODELS[job.model], ppo_settings(s), s.frames, job.seed, Path(job.out), job.progress,
                      reuse=job.resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -83,6 +83,10 @@ class Args:
     num_envs: int = setting(16, "environments stepped together (B), per rank under torchrun")
     num_steps: int = setting(128, "steps per environment per rollout (T)")
     async_envs: bool = setting(False, "step the environments in subprocesses (AsyncVectorEnv)", resumable=True)
+    vectorization: str | None = setting(None, "how the envs are batched: 'native' (one env class steps all B with "
+                                        "array operations: Ballet, CueRecall), 'sync' or 'async' (Gymnasium's "
+                                        "wrappers of B single envs); default native where the env has it",
+                                        resumable=True)
     lr: float = setting(1e-3, "Adam's learning rate")
     anneal_lr: bool = setting(True, "anneal the learning rate linearly to 0 over the run")
     gamma: float = setting(0.99, "discount")
@@ -97,9 +101,13 @@ class Args:
     ent_coef: float = setting(0.01, "weight of the entropy bonus")
     vf_coef: float = setting(0.5, "weight of the value loss")
     max_grad_norm: float = setting(0.5, "gradient-norm clip")
+    visual: str = setting("cnn", "Ballet's visual encoder and reconstruction decoder: 'cnn' (paper 001's CNN, "
+                          "App. A) or 'cells' (its per-cell layer alone: about a tenth of the cost, for a CPU)")
     reconstruction: float | None = setting(None, "weight of paper 001's loss reconstructing each step's observation "
                                            "from the core's output (App. A.1); default: the encoder's (1 for "
                                            "Ballet, 0 otherwise)")
+    reconstruct_every: int = setting(1, "decode one step in every k of a replayed sequence (at a random phase): "
+                                     "an unbiased estimate of the reconstruction loss at 1/k of its cost")
     target_kl: float | None = setting(None, "end an update's epochs once the approximate KL exceeds this")
     stop_return: float | None = setting(None, "end the run early once a logged mean return reaches this",
                                         resumable=True)
@@ -114,7 +122,7 @@ class Args:
 
     def __post_init__(self):
         for name in ("dim", "depth", "heads", "hidden", "total_frames", "num_envs", "num_steps", "num_minibatches",
-                     "update_epochs", "torch_threads", "log_every"):
+                     "update_epochs", "torch_threads", "log_every", "reconstruct_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -174,11 +182,12 @@ def make_agent(args: Args, core_options: dict[str, Any], observation_space, acti
     except (TypeError, ValueError) as err:
         raise type(err)(f"--core {args.core} (options {options}): {err}") from None
     check_agent_core(core, args.core, args.dim)
-    encoder = encoder_for(observation_space, args.dim)
+    encoder = encoder_for(observation_space, args.dim, args.visual)
     weight = args.reconstruction
     if weight is None:
         weight = getattr(encoder, "default_reconstruction", 0.0)
-    return ActorCritic(encoder, core, int(action_space.n), args.hidden, reconstruction=weight)
+    return ActorCritic(encoder, core, int(action_space.n), args.hidden, reconstruction=weight,
+                       reconstruct_every=args.reconstruct_every)
 
 
 def check_agent_core(core: torch.nn.Module, name: str, dim: int) -> None:
@@ -237,6 +246,7 @@ class Rollout:
     final_values: Tensor  # [B, T] V(final observation) where truncated, else 0
     next_value: Tensor  # [B] V(the observation after the rollout), the state carried
     state: Any  # the agent's state at the rollout's start
+    env_seconds: float = 0.0  # of the rollout's time, the seconds spent in envs.step
 
     @property
     def done(self) -> Tensor:
@@ -271,7 +281,9 @@ def sample(logits: Tensor) -> tuple[Tensor, Tensor]:
 
 def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: EpisodeTracker | None = None):
     """One rollout of ``num_steps`` steps from ``next_obs`` (the envs' current observations) and the
-    agent's ``state``; returns ``(rollout, next_obs, state)`` to continue from."""
+    agent's ``state``; returns ``(rollout, next_obs, state)`` to continue from. No per-environment
+    Python on the hot path: the observations become tensors once per step, actions go to the envs as
+    one array, and only the rows whose episode was truncated are read one by one."""
     mode = envs.metadata.get("autoreset_mode")
     if mode != _same_step():
         raise ValueError("the vector env must autoreset on the same step (autoreset_mode=SAME_STEP, as "
@@ -284,6 +296,7 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
     first = as_tensor(next_obs, device)
     obs = obs_map(lambda x: x.new_zeros((B, T, *x.shape[1:])), first)
     start_state = state
+    env_seconds = 0.0
     for t in range(T):
         obs_t = first if t == 0 else as_tensor(next_obs, device)
         for key, buffer in (obs.items() if isinstance(obs, dict) else [(None, obs)]):
@@ -291,7 +304,9 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
         with torch.inference_mode():
             logits, value, state = agent(obs_map(lambda x: x.unsqueeze(1), obs_t), state)
             action, logprob = sample(logits[:, 0])
+        tic = time.perf_counter()
         next_obs, reward, term, trunc, info = envs.step(action.cpu().numpy())
+        env_seconds += time.perf_counter() - tic
         actions[:, t], buffers["logprobs"][:, t], buffers["values"][:, t] = action, logprob, value[:, 0]
         buffers["rewards"][:, t] = torch.as_tensor(reward, dtype=torch.float32, device=device)
         terminated[:, t] = torch.as_tensor(term, device=device)
@@ -312,7 +327,7 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
     with torch.inference_mode():
         _, next_value, _ = agent(obs_map(lambda x: x.unsqueeze(1), as_tensor(next_obs, device)), state)
     rollout = Rollout(obs, actions, terminated=terminated, truncated=truncated, next_value=next_value[:, 0].clone(),
-                      state=start_state, **buffers)
+                      state=start_state, env_seconds=env_seconds, **buffers)
     return rollout, next_obs, state
 
 
@@ -370,7 +385,7 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
     ctx = ctx or Context()
     B = rollout.actions.shape[0]
     per_minibatch = B // args.num_minibatches
-    sums: dict[str, float] = {}
+    sums: dict[str, Tensor] = {}  # summed on the device: one transfer per update, not one per minibatch
     count = 0
     for _ in range(args.update_epochs):
         order = torch.randperm(B, device=rollout.actions.device)
@@ -406,12 +421,12 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
             for name, value in (("policy_loss", policy_loss.detach()), ("value_loss", value_loss.detach()),
                                 ("entropy", entropy.detach()),
                                 ("approx_kl", approx_kl), ("clip_fraction", clip_fraction), *terms.items()):
-                sums[name] = sums.get(name, 0.0) + value.item()
+                sums[name] = sums.get(name, 0.0) + value.detach()
             count += 1
         # the ranks decide together, or one would wait forever for the others' gradients
         if args.target_kl is not None and float(all_reduce_mean(approx_kl, ctx)) > args.target_kl:
             break
-    stats = {name: total / count for name, total in sums.items()}
+    stats = dict(zip(sums, (torch.stack(list(sums.values())) / count).tolist(), strict=True))
     variance = float(returns.var())
     unexplained = float((returns - rollout.values).var())
     stats["explained_variance"] = float("nan") if variance == 0 else 1 - unexplained / variance
@@ -500,7 +515,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         # every rank has passed its checks on the run directory before rank 0 writes config.json there
         dist.barrier()
     torch.manual_seed(args.seed)
-    envs = make_vector_env(args.env, args.num_envs, asynchronous=args.async_envs)
+    envs = make_vector_env(args.env, args.num_envs, asynchronous=args.async_envs, vectorization=args.vectorization)
     # a frame counts once per rank: total_frames and the learning-rate schedule are over all ranks
     frames_per_update = args.frames_per_update * ctx.world_size
     num_updates = math.ceil(args.total_frames / frames_per_update)
@@ -540,15 +555,21 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         update = frames // frames_per_update
         saved_update = update if checkpoint is not None else None
         start, window_start, window_frames, window = time.perf_counter(), time.perf_counter(), 0, []
+        split = dict.fromkeys(("env", "act", "learn"), 0.0)  # the window's seconds in each part of the loop
         while update < num_updates:
             update += 1
             lr = args.lr * (1.0 - (update - 1) / num_updates) if args.anneal_lr else args.lr
             for group in optimizer.param_groups:
                 group["lr"] = lr
             agent.eval()  # acting and replay must compute the same function (no dropout)
+            tic = time.perf_counter()
             rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker)
+            toc = time.perf_counter()
             advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
             stats = learn(agent, optimizer, rollout, advantages, returns, args, ctx)
+            split["env"] += rollout.env_seconds
+            split["act"] += toc - tic - rollout.env_seconds
+            split["learn"] += time.perf_counter() - toc
             frames += frames_per_update
             window_frames += frames_per_update
             window += tracker.take()
@@ -558,11 +579,13 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                 stats, episodes = reduce_stats(stats, window, ctx, device)
                 row = {"step": frames, "split": "train", "update": update, **episodes,
                        **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
-                       "sps": round(window_frames / max(elapsed, 1e-9)), "seconds": round(seconds, 2)}
+                       "sps": round(window_frames / max(elapsed, 1e-9)), "seconds": round(seconds, 2),
+                       **{f"seconds_{part}": round(value, 3) for part, value in split.items()}}
                 history.append(row)
                 logger.log(row)
                 reporter.update(frames, row["sps"], row.get("return_mean"))
                 window_start, window_frames, window = time.perf_counter(), 0, []
+                split = dict.fromkeys(split, 0.0)
                 # every rank reads the same averaged row, so the ranks stop together
                 reached = args.stop_return is not None and row.get("return_mean", -math.inf) >= args.stop_return
             else:
