@@ -21,8 +21,8 @@ RLlib's PPO with POPGym's hyper-parameters and 15M frames per run, not from our 
 printed in the paper go here, never values read off a figure; the table is empty until its
 per-environment results have been transcribed from the paper and checked (docs/rl.md "POPGym").
 
-Scales fix the frames per run: ``smoke`` (seconds, tests), ``quick`` (6 Easy environments,
-CPU-sized cores), ``paper`` (the 15 environments at the 3 difficulties, POPGym's budget of 15M frames
+Scales fix the frames per run: ``smoke`` (seconds, tests), ``quick`` (RepeatPrevious and RepeatFirst, Easy, 1M frames a
+run, CPU-sized cores), ``paper`` (the 15 environments at the 3 difficulties, POPGym's budget of 15M frames
 per run, its widths: memory 256, MLPs of 128, rollouts of 1024 steps; ``popgym/baselines/ppo.py``).
 """
 
@@ -55,8 +55,6 @@ CORES = {
     "tlb": {},
     "htm": {"chunk_size": 16, "top_k": 4, "memory_size": 64},
 }
-QUICK_ENVS = tuple(popgym_id(name) for name in ("RepeatPrevious", "RepeatFirst", "Autoencode", "CountRecall",
-                                                 "PositionOnlyCartPole", "MineSweeper"))
 NOT_RUN = "not run: no done"
 
 # POPGym's 13 memory models (paper Sec. 4, its ``popgym/baselines/ray_models``) by their row names
@@ -88,10 +86,15 @@ SCALES = {
         ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=32, num_minibatches=1, update_epochs=1),
         models={"lstm": {}, "gtrxl": {"mem_len": 8}, "htm": {"chunk_size": 4, "memory_size": 4, "top_k": 2}}),
     # Frames: docs/rl.md "POPGym" gives the measured frames per second that sized them.
+    # The two memory tests the attention cores must pass (RepeatPrevious: the observation k steps back;
+    # RepeatFirst: the episode's first), 1M frames per run: 64 envs x 64 steps per update (the attention
+    # cores act fastest per frame at this B: docs/rl.md "Throughput"), TLB with chunks and state of 16
+    # (its builder's 100 is sized for LRA's sequences of thousands of tokens).
     "quick": PopgymScale(
-        envs=QUICK_ENVS, frames=100_000, seeds=3,
-        ppo=dict(dim=64, depth=1, heads=4, hidden=64, num_envs=16, num_steps=128, num_minibatches=4,
-                 update_epochs=4, lr=5e-4)),
+        envs=tuple(popgym_id(name) for name in ("RepeatPrevious", "RepeatFirst")), frames=1_000_000, seeds=3,
+        ppo=dict(dim=64, depth=1, heads=4, hidden=64, num_envs=64, num_steps=64, num_minibatches=4,
+                 update_epochs=4, lr=5e-4),
+        models={**CORES, "tlb": {"chunk_size": 16, "num_state": 16}}),
     "paper": PopgymScale(
         envs=tuple(popgym_id(name, d) for name in ENVS for d in DIFFICULTIES), frames=15_000_000, seeds=3,
         ppo=dict(dim=256, depth=1, heads=4, hidden=128, num_envs=64, num_steps=1024, num_minibatches=8,
