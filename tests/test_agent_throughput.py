@@ -1,0 +1,47 @@
+"""benchmarks/agent_throughput.py on its smallest run: what it measures and what it reports.
+
+No timing is asserted (the benchmark prints ratios measured side by side; docs/rl.md "Throughput"):
+only that "before" and "after" are the settings they claim to be and that the records add up.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gymnasium")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "agent_throughput.py"
+spec = importlib.util.spec_from_file_location("agent_throughput", SCRIPT)
+agent_throughput = importlib.util.module_from_spec(spec)
+sys.modules["agent_throughput"] = agent_throughput
+spec.loader.exec_module(agent_throughput)
+
+
+def test_before_and_after_are_the_settings_they_name():
+    from chronomem.experiments import minigrid, popgym
+
+    assert agent_throughput.BEFORE["ballet"]["vectorization"] == "sync"
+    ballet = agent_throughput.after_settings("ballet")
+    assert (ballet["visual"], ballet["reconstruct_every"], ballet.get("vectorization")) == ("cells", 8, None)
+    assert agent_throughput.after_settings("popgym") == popgym.SCALES["quick"].ppo
+    assert agent_throughput.after_settings("doorkey") == minigrid.ppo_settings(minigrid.SCALES["quick"])
+
+
+def test_one_core_one_env_writes_its_records(tmp_path, capsys):
+    out = tmp_path / "throughput.json"
+    records = agent_throughput.main(["--envs", "ballet", "--cores", "lstm", "--updates", "1", "--json", str(out)])
+    (record,) = records
+    for side in ("before", "after"):
+        measured = record[side]
+        assert measured["frames_per_second"] > 0 and sum(measured["share"].values()) == pytest.approx(1.0)
+    assert record["after"]["frames"] == 64 * 64 and record["before"]["frames"] == 16 * 64  # one timed update
+    assert record["ratio"] == pytest.approx(record["after"]["frames_per_second"] / record["before"]["frames_per_second"])
+    saved = json.loads(out.read_text())
+    assert saved["records"][0]["core"] == "lstm" and "before" in saved["conditions"]
+    printed = capsys.readouterr().out
+    assert "conditions before:" in printed and "ballet: after / before" in printed
+    with pytest.raises(ValueError, match="--updates"):
+        agent_throughput.main(["--updates", "0"])
