@@ -89,11 +89,13 @@ SCALES = {
     # The two memory tests the attention cores must pass (RepeatPrevious: the observation k steps back;
     # RepeatFirst: the episode's first), 1M frames per run: 64 envs x 64 steps per update (the attention
     # cores act fastest per frame at this B: docs/rl.md "Throughput"), TLB with chunks and state of 16
-    # (its builder's 100 is sized for LRA's sequences of thousands of tokens).
+    # (its builder's 100 is sized for LRA's sequences of thousands of tokens). Advantages normalised:
+    # POPGym's rewards are dense and small (+-1/52 a step in RepeatPrevious), so raw advantages of ~0.02
+    # lose to the entropy bonus and the policy never leaves uniform (docs/rl.md "POPGym": a probe).
     "quick": PopgymScale(
         envs=tuple(popgym_id(name) for name in ("RepeatPrevious", "RepeatFirst")), frames=1_000_000, seeds=3,
         ppo=dict(dim=64, depth=1, heads=4, hidden=64, num_envs=64, num_steps=64, num_minibatches=4,
-                 update_epochs=4, lr=5e-4),
+                 update_epochs=4, lr=5e-4, norm_adv=True),
         models={**CORES, "tlb": {"chunk_size": 16, "num_state": 16}}),
     "paper": PopgymScale(
         envs=tuple(popgym_id(name, d) for name in ENVS for d in DIFFICULTIES), frames=15_000_000, seeds=3,
