@@ -1,7 +1,7 @@
 """Training-step time of the quick Ballet HTM model, for each way to mix the selected chunks.
 
 The model and batch are those of ``chronomem run ballet --scale quick`` on one level (default
-``8_delay48``: B=32 episodes of 505 steps plus the 7 other questions; ``BALLET_MODELS["quick"]["htm"]``).
+``8_delay48``: B=32 episodes of 505 steps plus the 7 other questions; ``BALLET_CPU["htm"]``).
 Each ``read_impl`` of ``chronomem.ops.htm_mix`` computes the same function (tested in
 ``tests/test_ops_htm_mix.py``), chosen by name on the model:
 
@@ -29,7 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from chronomem.experiments.htm import BALLET_MODELS
+from chronomem.experiments.htm import BALLET_CPU
 from chronomem.heads import build_model
 from chronomem.ops.htm_mix import READ_IMPLS
 from chronomem.registry import get_task
@@ -51,7 +51,7 @@ def main(argv=None) -> None:
 
     def make_step(read_impl: str):
         torch.manual_seed(0)
-        model = build_model("htm", task, **BALLET_MODELS["quick"]["htm"], pooling="last", read_impl=read_impl)
+        model = build_model("htm", task, **BALLET_CPU["htm"], pooling="last", read_impl=read_impl)
         optimizer = torch.optim.Adam(model.parameters(), 1e-3)
 
         def step() -> float:

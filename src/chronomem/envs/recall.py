@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chronomem.envs.ballet_vector import (  # the vector-env plumbing both native envs share
+from chronomem.envs.vector import (  # the rules every native vector env shares
     RowGenerators,
     check_actions,
     check_max_episode_steps,
