@@ -38,7 +38,8 @@ def test_one_core_one_env_writes_its_records(tmp_path, capsys):
         measured = record[side]
         assert measured["frames_per_second"] > 0 and sum(measured["share"].values()) == pytest.approx(1.0)
     assert record["after"]["frames"] == 64 * 64 and record["before"]["frames"] == 16 * 64  # one timed update
-    assert record["ratio"] == pytest.approx(record["after"]["frames_per_second"] / record["before"]["frames_per_second"])
+    speeds = [record[side]["frames_per_second"] for side in ("after", "before")]
+    assert record["ratio"] == pytest.approx(speeds[0] / speeds[1])
     saved = json.loads(out.read_text())
     assert saved["records"][0]["core"] == "lstm" and "before" in saved["conditions"]
     printed = capsys.readouterr().out

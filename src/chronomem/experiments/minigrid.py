@@ -115,8 +115,8 @@ def run_job(job: Job) -> dict[str, Any]:
     from chronomem.rl.evaluate import evaluate
 
     s, pair = job.scale, PAIRS[job.pair]
-    result = ppo_run(pair.train, job.model, MODELS[job.model], ppo_settings(s), s.frames, job.seed, Path(job.out), job.progress,
-                     reuse=job.resume)
+    result = ppo_run(pair.train, job.model, MODELS[job.model], ppo_settings(s), s.frames, job.seed, Path(job.out),
+                     job.progress, reuse=job.resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
