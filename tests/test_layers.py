@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from chronomem.checks import check_mask, check_tensor, check_token_ids, parameter_dtype
 from chronomem.layers import (
     CrossAttentionBlock,
     MultiHeadAttention,
@@ -13,12 +14,8 @@ from chronomem.layers import (
     SelfAttentionBlock,
     build_config,
     causal_mask,
-    check_mask,
-    check_tensor,
-    check_token_ids,
     masked_mean,
     pad_to_multiple,
-    parameter_dtype,
     sinusoid_encoding,
     variance_scaling_,
 )

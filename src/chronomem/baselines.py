@@ -31,12 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from chronomem.layers import (
-    FeedForward,
-    RecurrentState,
-    RelativeAttention,
-    SelfAttentionBlock,
-    build_config,
+from chronomem.checks import (
     check_done,
     check_dropout,
     check_even_dim,
@@ -45,8 +40,15 @@ from chronomem.layers import (
     check_positive,
     check_state_batch,
     check_tensor,
-    merge_masks,
     parameter_dtype,
+)
+from chronomem.layers import (
+    FeedForward,
+    RecurrentState,
+    RelativeAttention,
+    SelfAttentionBlock,
+    build_config,
+    merge_masks,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
 )

@@ -56,11 +56,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from chronomem.layers import (
-    CrossAttentionBlock,
-    RecurrentState,
-    SelfAttentionBlock,
-    build_config,
+from chronomem.checks import (
     check_dropout,
     check_even_dim,
     check_heads,
@@ -68,6 +64,12 @@ from chronomem.layers import (
     check_positive,
     check_tensor,
     parameter_dtype,
+)
+from chronomem.layers import (
+    CrossAttentionBlock,
+    RecurrentState,
+    SelfAttentionBlock,
+    build_config,
     sinusoid_encoding,
     split_chunks,
 )

@@ -63,7 +63,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.layers import check_positive, check_tensor, parameter_dtype, sinusoid_from_positions
+from chronomem.checks import check_positive, check_tensor, parameter_dtype
+from chronomem.layers import sinusoid_from_positions
 
 # Sizes of MiniGrid's index tables (minigrid.core.constants: OBJECT_TO_IDX, COLOR_TO_IDX, STATE_TO_IDX),
 # written here so that an encoder needs no MiniGrid install; tests/test_encoders.py checks them.

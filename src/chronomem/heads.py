@@ -35,14 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from chronomem.checks import check_positive, check_tensor, check_token_ids, parameter_dtype
 from chronomem.encoders import PatchEncoder
-from chronomem.layers import (
-    check_positive,
-    check_tensor,
-    check_token_ids,
-    masked_mean,
-    parameter_dtype,
-)
+from chronomem.layers import masked_mean
 
 
 class _Head(nn.Module):

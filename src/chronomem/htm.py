@@ -86,12 +86,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.layers import (
-    FeedForward,
-    MultiHeadAttention,
-    RecurrentState,
-    RelativeAttention,
-    build_config,
+from chronomem.checks import (
     check_done,
     check_heads,
     check_mask,
@@ -99,6 +94,13 @@ from chronomem.layers import (
     check_state_batch,
     check_tensor,
     parameter_dtype,
+)
+from chronomem.layers import (
+    FeedForward,
+    MultiHeadAttention,
+    RecurrentState,
+    RelativeAttention,
+    build_config,
     sinusoid_encoding,
     variance_scaling_,
 )

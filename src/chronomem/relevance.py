@@ -45,17 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.layers import (
-    RecurrentState,
-    build_config,
-    check_done,
-    check_mask,
-    check_positive,
-    check_state_batch,
-    check_tensor,
-    clear_rows,
-    parameter_dtype,
-)
+from chronomem.checks import check_done, check_mask, check_positive, check_state_batch, check_tensor, parameter_dtype
+from chronomem.layers import RecurrentState, build_config, clear_rows
 from chronomem.registry import register_model
 
 NONLINEARITIES = ("tanh", "modrelu", "relu")

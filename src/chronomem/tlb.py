@@ -86,11 +86,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from chronomem.layers import (
-    CrossAttentionBlock,
-    RecurrentState,
-    SelfAttentionBlock,
-    build_config,
+from chronomem.checks import (
     check_done,
     check_dropout,
     check_even_dim,
@@ -100,6 +96,12 @@ from chronomem.layers import (
     check_state_batch,
     check_tensor,
     parameter_dtype,
+)
+from chronomem.layers import (
+    CrossAttentionBlock,
+    RecurrentState,
+    SelfAttentionBlock,
+    build_config,
     sinusoid_encoding,
     split_chunks,
 )

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chronomem.layers import check_positive
+from chronomem.checks import check_positive
 
 try:  # the environment needs the optional extra ``chronomem[rl]``; the supervised task does not
     import gymnasium as gym

@@ -67,6 +67,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from chronomem.checks import check_positive
 from chronomem.envs.ballet import (
     AGENT_RGB,
     AGENT_START,
@@ -107,7 +108,6 @@ from chronomem.envs.vector import (
     final_entries,
     seed_list,
 )
-from chronomem.layers import check_positive
 
 try:  # the environment needs the optional extra ``chronomem[rl]``; this module imports without it
     import gymnasium as gym

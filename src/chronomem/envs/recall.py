@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from chronomem.checks import check_positive
 from chronomem.envs.vector import (  # the rules every native vector env shares
     RowGenerators,
     check_actions,
@@ -29,7 +30,6 @@ from chronomem.envs.vector import (  # the rules every native vector env shares
     final_entries,
     seed_list,
 )
-from chronomem.layers import check_positive
 
 try:  # the environment needs the optional extra ``chronomem[rl]``
     import gymnasium as gym

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chronomem.layers import check_positive
+from chronomem.checks import check_positive
 
 try:  # the optional extra ``chronomem[rl]``; this module imports without it
     from gymnasium.utils import seeding

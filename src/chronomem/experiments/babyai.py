@@ -116,7 +116,7 @@ def success_rate(policy, level: str, episodes: int, seed: int = EVAL_SEED, max_s
     one batch; a finished one is left alone while the others go on."""
     import torch
 
-    from chronomem.layers import check_positive
+    from chronomem.checks import check_positive
     from chronomem.tasks.babyai import make_level, quiet_reset, step_features
 
     check_positive(episodes, "episodes")

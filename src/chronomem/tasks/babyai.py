@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chronomem.layers import check_positive
+from chronomem.checks import check_positive
 from chronomem.tasks.base import Batch, Task
 
 LEVELS: dict[str, str] = {

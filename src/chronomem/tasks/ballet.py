@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from chronomem.checks import check_positive
 from chronomem.envs.ballet import (
     AGENT_START,
     CH_AGENT,
@@ -40,7 +41,6 @@ from chronomem.envs.ballet import (
     moves_done,
     parse_level,
 )
-from chronomem.layers import check_positive
 from chronomem.registry import register_task
 from chronomem.tasks.base import Batch, Task
 

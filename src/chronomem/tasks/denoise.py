@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from chronomem.layers import check_positive
+from chronomem.checks import check_positive
 from chronomem.registry import register_task
 from chronomem.tasks.base import Batch, Task
 from chronomem.tasks.copy import BLANK, MARKER

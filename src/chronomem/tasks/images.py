@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from chronomem.layers import check_positive
+from chronomem.checks import check_positive
 from chronomem.registry import register_task
 from chronomem.tasks.base import Batch, Task
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from chronomem.layers import check_positive
+from chronomem.checks import check_positive
 from chronomem.registry import register_task
 from chronomem.tasks.base import Batch, Task
 
