@@ -205,9 +205,17 @@ def test_generation_is_seeded():
     b = lo.generate(20, 10, 50, seed=5)
     c = lo.generate(20, 10, 50, seed=6)
     assert a == b and a != c
-    rng = random.Random(0)
-    tree, length, value = lo.generate_tree(rng, max_length=5)
-    assert tree is None or length < 5
+    accepted = rejected = 0
+    for seed in range(200):  # max_length either rejects the draw or bounds it; accepted trees are exact
+        tree, length, value = lo.generate_tree(random.Random(seed), max_length=12)
+        if tree is None:
+            assert length >= 12 and value == -1
+            rejected += 1
+        else:
+            tokens = lo.to_tokens(tree)
+            assert length == len(tokens) < 12 and value == lo.evaluate(tokens)
+            accepted += 1
+    assert accepted and rejected  # both branches were exercised
 
 
 def test_generated_data_is_the_same_as_before_the_memory_change():

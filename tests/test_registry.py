@@ -23,7 +23,10 @@ def test_only_an_experiment_imports_the_experiments(call, name, experiments):
 def test_names_list_every_kind():
     listed = names()
     assert "lstm" in listed["models"] and "copy" in listed["tasks"] and "copy-baselines" in listed["experiments"]
-    assert get_model("lstm") is not None and get_task("copy") is not None
+    from chronomem.baselines import build_lstm
+    from chronomem.tasks.copy import CopyTask
+
+    assert get_model("lstm") is build_lstm and get_task("copy") is CopyTask
     assert get_experiment("copy-baselines").name == "copy-baselines"
 
 
@@ -31,3 +34,13 @@ def test_names_list_every_kind():
 def test_unknown_name_lists_the_valid_ones(lookup):
     with pytest.raises(ValueError, match="valid names: "):
         lookup("no-such-name")
+
+
+def test_a_missing_module_raises(monkeypatch):
+    """A registered module that cannot be imported (renamed, deleted) fails loudly: it must not drop out of
+    every test that loops over the registry."""
+    import chronomem.registry as registry
+
+    monkeypatch.setattr(registry, "_MODULES", (*registry._MODULES, "chronomem.no_such_mechanism"))
+    with pytest.raises(ModuleNotFoundError, match="no_such_mechanism"):
+        get_model("lstm")

@@ -298,13 +298,22 @@ def test_config_and_registry_builders():
 def test_experiments_smoke(tmp_path):
     pytest.importorskip("chronomem.train")
     from chronomem.experiments.base import run_experiment
+    from chronomem.experiments.relevance import DENOISE_SCALES, TRANSFER_SCALES
     from chronomem.registry import get_experiment
 
+    lengths = {"transfer-copy": sorted(TRANSFER_SCALES["smoke"].eval), "denoise": DENOISE_SCALES["smoke"].T}
     for name in ("transfer-copy", "denoise"):
         result = run_experiment(get_experiment(name), "smoke", tmp_path / name, seed=0)
         assert set(result["results"]) >= {"relevance-rnn", "mem-rnn"}
         for model, row in result["results"].items():
-            for setting, value in row.items():
-                assert value == "OOM" or 0.0 <= value <= 100.0, (model, setting, value)
+            assert list(row) == [f"T={T}" for T in lengths[name]], (model, row)  # every length, in order
+            values = list(row.values())
+            if "OOM" in values:  # memory only grows with T: after the first OOM every longer T is OOM
+                assert set(values[values.index("OOM"):]) == {"OOM"}, (model, row)
+            if name == "transfer-copy":  # a share of the 10 x n copied symbols: a multiple of 100 / (10 n)
+                for T, value in zip(lengths[name], values, strict=True):
+                    if value != "OOM":
+                        step = 100 / (10 * TRANSFER_SCALES["smoke"].eval[T])
+                        assert abs(value / step - round(value / step)) < 0.01, (model, T, value)
         assert "peak_memory_mb" in result["extra"]
         assert (tmp_path / name / "report.md").exists()

@@ -39,12 +39,8 @@ def _load(experiments: bool = False) -> None:
     for name in (*_MODULES, *((_EXPERIMENTS,) if experiments else ())):
         if name in _loaded:
             continue
+        importlib.import_module(name)  # a missing or renamed module raises: it must not drop out silently
         _loaded.add(name)
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as err:  # a mechanism not written yet; any other missing import is a bug
-            if err.name != name:
-                raise
 
 
 def _register(table: dict[str, Any], kind: str, name: str):
