@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from chronomem.envs.ballet import LEVELS, MIXTURE, ballet_id
+from chronomem.envs.ballet_world import LEVELS, MIXTURE, ballet_id
 from chronomem.envs.make import make_vector_env
 from chronomem.threads import Measured
 

@@ -44,10 +44,10 @@ def learner_step_seconds(args, envs, batch: dict, repeats: int) -> float:
     times = []
     for i in range(repeats + 2):
         start = time.perf_counter()
-        logits, values, _ = agent(batch, state, done=done)
+        logits, values, _, auxiliary = agent(batch, state, done=done, return_auxiliary=True)
         loss = logits.mean() + values.mean()
-        if agent.auxiliary_loss is not None:
-            loss = loss + agent.auxiliary_loss
+        if auxiliary is not None:
+            loss = loss + auxiliary
         loss.backward()
         if i >= 2:
             times.append(time.perf_counter() - start)

@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("minigrid")
 
+from chronomem.agents import InstructedPolicy  # noqa: E402
 from chronomem.envs.minigrid import VOCAB_SIZE  # noqa: E402
-from chronomem.heads import InstructedPolicy  # noqa: E402
 from chronomem.registry import get_model  # noqa: E402
 from chronomem.tasks import babyai  # noqa: E402
 from chronomem.tasks.babyai import (  # noqa: E402

@@ -117,6 +117,6 @@ def test_agent_on_minigrid_replays_what_it_did():
     envs.close()
     assert rollout.truncated[:, 6].all() and set(rollout.obs) == {"image", "direction", "mission"}
     with torch.no_grad():
-        logprobs, _, values = replay(agent, rollout, torch.tensor([1, 0]))
+        logprobs, _, values, _ = replay(agent, rollout, torch.tensor([1, 0]))
     torch.testing.assert_close(logprobs, rollout.logprobs[[1, 0]], atol=1e-5, rtol=0)
     torch.testing.assert_close(values, rollout.values[[1, 0]], atol=1e-5, rtol=0)

@@ -72,7 +72,7 @@ def test_replay_recomputes_the_acting_log_probabilities_and_values(core):
     with torch.no_grad():
         for rows in ([0, 1], [2, 3], [3, 0]):
             rows = torch.tensor(rows)
-            logprobs, entropy, values = replay(agent, rollout, rows)
+            logprobs, entropy, values, _ = replay(agent, rollout, rows)
             torch.testing.assert_close(logprobs, rollout.logprobs[rows], atol=1e-5, rtol=0)
             torch.testing.assert_close(values, rollout.values[rows], atol=1e-5, rtol=0)
             assert (entropy > 0).all()

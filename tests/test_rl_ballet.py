@@ -10,10 +10,11 @@ import torch.nn.functional as F
 
 pytest.importorskip("gymnasium")
 
+from chronomem.agents import ActorCritic  # noqa: E402
 from chronomem.encoders import BalletDecoder, BalletEncoder, FeatureEncoder, encoder_for  # noqa: E402
-from chronomem.envs.ballet import LEVELS, MAX_STEPS, BalletEnv, BalletMixture, ballet_id, sample_layout  # noqa: E402
+from chronomem.envs.ballet import BalletEnv, BalletMixture  # noqa: E402
+from chronomem.envs.ballet_world import LEVELS, MAX_STEPS, ballet_id, sample_layout  # noqa: E402
 from chronomem.envs.make import make_env, make_vector_env  # noqa: E402
-from chronomem.heads import ActorCritic  # noqa: E402
 from chronomem.registry import get_model  # noqa: E402
 from chronomem.rl.ppo import Args, make_agent, train  # noqa: E402
 from chronomem.tasks.ballet import Episodes, SupervisedBallet, observation_features  # noqa: E402
@@ -115,17 +116,21 @@ def test_reconstruction_loss_matches_a_naive_reference(observation):
             torch.testing.assert_close(loss[b, t].double(), image + word, atol=1e-5, rtol=1e-5)
 
 
-def test_reconstruction_trains_the_decoder_and_is_off_while_acting():
+def test_reconstruction_trains_the_decoder_and_is_returned_only_when_asked():
     torch.manual_seed(0)
     obs, envs = ballet_batch("symbolic")
     encoder = encoder_for(envs.single_observation_space, 8)
     agent = ActorCritic(encoder, get_model("lstm")(8, 1, 2, True), 8, 8, reconstruction=2.0)
     with torch.inference_mode():
-        agent(obs)
-    assert agent.auxiliary_loss is None and agent.reconstruction_loss is None
-    agent(obs)
-    torch.testing.assert_close(agent.auxiliary_loss.detach(), 2.0 * agent.reconstruction_loss)
-    agent.auxiliary_loss.backward()
+        acting = agent(obs)
+    assert len(acting) == 3  # logits, value, state: acting decodes nothing
+    logits, value, _, auxiliary = agent(obs, return_auxiliary=True)
+    torch.testing.assert_close((logits.detach(), value.detach()), acting[:2])
+    with torch.no_grad():  # w times the decoder's mean per-step loss (the naive reference above)
+        y, _ = agent.core(encoder(obs))
+        per_step = agent.decoder(y, *encoder.reconstruction_targets(obs))
+    torch.testing.assert_close(auxiliary.detach(), 2.0 * per_step.mean())
+    auxiliary.backward()
     for module in (agent.decoder.unproject, agent.decoder.words, encoder.project, agent.core):
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
 
@@ -235,12 +240,12 @@ def test_reconstructing_every_kth_step_is_an_unbiased_estimate():
     sub = ActorCritic(encoder_for(space, 8, "cells"), get_model("lstm")(8, 1, 2, True), 8, 8, reconstruction=1.0,
                       reconstruct_every=3)
     sub.load_state_dict(full.state_dict())
-    full(obs)
+    every_step = full(obs, return_auxiliary=True)[3].detach()  # weight 1: the loss itself
     losses = {}  # one loss per phase: 3 distinct values over enough calls
     for _ in range(40):
-        sub(obs)
-        losses[round(float(sub.reconstruction_loss), 6)] = sub.reconstruction_loss
+        loss = sub(obs, return_auxiliary=True)[3].detach()
+        losses[round(float(loss), 6)] = loss
     assert len(losses) == 3
-    torch.testing.assert_close(torch.stack(list(losses.values())).mean(), full.reconstruction_loss)
+    torch.testing.assert_close(torch.stack(list(losses.values())).mean(), every_step)
     with pytest.raises(ValueError, match="reconstruct_every"):
         ActorCritic(encoder_for(space, 8), get_model("lstm")(8, 1, 2, True), 8, 8, reconstruct_every=0)

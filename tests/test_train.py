@@ -474,33 +474,33 @@ def test_classifier_last_pooling_ignores_padding():
 
 def test_reconstruction_loss_is_the_literal_per_step_loss():
     """App. A.1's auxiliary loss: features by a sigmoid cross-entropy averaged over features, tokens by a
-    softmax cross-entropy, both averaged over the valid steps; None in eval mode."""
+    softmax cross-entropy, both averaged over the valid steps; returned, weighted, when asked."""
     torch.manual_seed(1)
     features = Classifier(TinyRNN(8), 8, 3, pooling="last", input_dim=5, reconstruction=0.5).train()
     inputs = (torch.rand(2, 6, 5) > 0.5).float()
     mask = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
     features.backbone.drop.eval()  # TinyRNN's dropout would make the two computations differ
-    features(inputs, mask=mask)
+    logits, _, auxiliary = features(inputs, mask=mask, return_auxiliary=True)
+    torch.testing.assert_close(logits, features(inputs, mask=mask)[0])  # asking changes no output
     y = features.backbone(features.embed(inputs))[0]
     p = torch.sigmoid(features.decoder(y))
     per_step = -(inputs * p.log() + (1 - inputs) * (1 - p).log()).mean(-1)
     want = 0.5 * per_step[mask].mean()
-    torch.testing.assert_close(features.auxiliary_loss, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(auxiliary, want, atol=1e-5, rtol=1e-5)
 
     tokens = Tagger(TinyRNN(8), 8, 3, vocab_size=7, reconstruction=2.0).train()
     tokens.backbone.drop.eval()
     ids = torch.randint(0, 7, (2, 5))
-    tokens(ids)
+    _, _, auxiliary = tokens(ids, return_auxiliary=True)
     logp = tokens.decoder(tokens.backbone(tokens.embed(ids))[0]).log_softmax(-1)
     want = -2.0 * logp.gather(-1, ids[..., None]).mean()
-    torch.testing.assert_close(tokens.auxiliary_loss, want, atol=1e-5, rtol=1e-5)
-    tokens.eval()
-    tokens(ids)
-    assert tokens.auxiliary_loss is None
+    torch.testing.assert_close(auxiliary, want, atol=1e-5, rtol=1e-5)
+    assert len(tokens(ids)) == 2  # logits, state: not asked, not computed
+    assert Tagger(TinyRNN(8), 8, 3, vocab_size=7)(ids, return_auxiliary=True)[2] is None  # reconstruction=0
 
 
 def test_trainer_adds_the_auxiliary_loss(tmp_path):
-    """The decoder learns only through ``auxiliary_loss``: it moves when the trainer adds it."""
+    """The decoder learns only through the auxiliary loss: it moves when the trainer adds it."""
     task = CopyTask(seq_len=4, copy_len=2)
     torch.manual_seed(0)
     model = Tagger(TinyRNN(16), 16, 10, vocab_size=10, reconstruction=1.0)
@@ -516,7 +516,7 @@ def test_reconstruction_bad_input():
         Tagger(TinyRNN(8), 8, 3, vocab_size=7, reconstruction=-1.0)
     model = Classifier(TinyRNN(8), 8, 3, input_dim=5, reconstruction=1.0).train()
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        model(torch.randn(2, 4, 5) * 3)
+        model(torch.randn(2, 4, 5) * 3, return_auxiliary=True)
 
 
 DDP_WORKER = Path(__file__).parent / "ddp_worker.py"

@@ -17,27 +17,46 @@ with ``task.patches = {"channels", "patch_size", "grid"}``; ``build_model`` then
 ``reconstruction=w`` (any head) adds paper 001's self-supervised auxiliary loss (Sec. 2 "Agents",
 App. A.1, App. D.4): at every step a linear decoder reconstructs that step's input from the
 backbone's output, features with a sigmoid cross-entropy averaged over features (the paper's image
-loss; features must lie in [0, 1]) and tokens with a softmax cross-entropy. In training mode each
-forward stores ``w * loss`` in ``head.auxiliary_loss`` and the trainer adds it to the task loss; in
-eval mode (and with ``w = 0``) it is None.
+loss; features must lie in [0, 1]) and tokens with a softmax cross-entropy. A forward returns
+``logits, state``; the trainer asks for the loss, ``logits, state, auxiliary = head(inputs, state,
+mask, return_auxiliary=True)``, and adds ``auxiliary = w * loss`` (None with ``w = 0``) to the task
+loss. ``reconstruction_loss`` below is the one implementation, shared with the agents.
 
-Agents: ``ActorCritic`` (PPO) and ``InstructedPolicy`` (behaviour cloning on BabyAI, paper 003
-Sec. 4.2: the instruction as one token before the states or at the start of every chunk; acts one
-step at a time with the outputs of the whole-episode forward).
+The agents (``ActorCritic`` for PPO, ``InstructedPolicy`` for behaviour cloning) live in
+``chronomem.agents``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.checks import check_positive, check_tensor, check_token_ids, parameter_dtype
+from chronomem.checks import check_tensor, check_token_ids, parameter_dtype
 from chronomem.encoders import PatchEncoder
 from chronomem.layers import masked_mean
+
+
+def reconstruction_loss(decode: Callable[..., Tensor], weight: float, y: Tensor, targets: tuple[Tensor, ...],
+                        mask: Tensor | None = None, every: int = 1) -> Tensor:
+    """Paper 001's auxiliary loss (Sec. 2 "Agents", App. A.1, App. D.4), weighted: ``weight`` times the
+    mean over the valid steps (``mask [B, N]``, True = valid; None: every step) of ``decode(y, *targets)
+    [B, N]``, each step's loss of reconstructing its input (``targets``, ``[B, N, ...]`` each) from the
+    core's output ``y [B, N, D]`` at that step. ``every=k > 1`` (deviation, a CPU budget) keeps the steps
+    ``phase, phase + k, ...`` from a phase drawn at random per call (one ``torch.randint``): an unbiased
+    estimate of the mean over every step at ``1 / k`` of the decoder's cost. Used by the heads
+    (``reconstruction=w``) and by ``chronomem.agents.ActorCritic``."""
+    if every > 1:
+        phase = int(torch.randint(min(every, y.shape[1]), ()))
+        y, targets = y[:, phase::every], tuple(t[:, phase::every] for t in targets)
+        mask = None if mask is None else mask[:, phase::every]
+    per_step = decode(y, *targets)
+    if mask is None:
+        return weight * per_step.mean()
+    return weight * masked_mean(per_step.reshape(-1, 1), mask.reshape(-1), dim=0)[0]  # over the batch's valid steps
 
 
 class _Head(nn.Module):
@@ -68,20 +87,20 @@ class _Head(nn.Module):
         else:  # features -> [B, N, dim] by an observation encoder (e.g. PatchEncoder) in place of nn.Linear
             self.embed = encoder
         self.reconstruction = float(reconstruction)
-        self.auxiliary_loss: Tensor | None = None
         if self.reconstruction:  # App. A.1: decoders with their own weights
             self.decoder = nn.Linear(self.out_dim, vocab_size if self.tokens else input_dim)
 
-    def encode(self, inputs: Tensor, state=None, mask: Tensor | None = None):
-        """``(x, (y, state))``: the embedded inputs ``x [B, N, dim]`` and the backbone's output.
-        Sets ``auxiliary_loss`` (see the module docstring)."""
+    def encode(self, inputs: Tensor, state=None, mask: Tensor | None = None, return_auxiliary: bool = False):
+        """``(x, y, state, auxiliary)``: the embedded inputs ``x [B, N, dim]``, the backbone's output and
+        state, and with ``return_auxiliary`` the weighted reconstruction loss (module docstring; None
+        without it or with ``reconstruction=0``)."""
         inputs = self.check_inputs(inputs)
         x = self.embed(inputs)
         y, state = self.backbone(x, state=state, mask=mask)
-        self.auxiliary_loss = None
-        if self.reconstruction and self.training:
-            self.auxiliary_loss = self.reconstruction * self.reconstruction_loss(y, inputs, mask)
-        return x, (y, state)
+        auxiliary = None
+        if return_auxiliary and self.reconstruction:
+            auxiliary = reconstruction_loss(self.reconstruct, self.reconstruction, y, (inputs,), mask)
+        return x, y, state, auxiliary
 
     def check_inputs(self, inputs: Tensor) -> Tensor:
         """Token ids ``[B, N]`` in ``[0, vocab_size)`` as int64, or features ``[B, N, input_dim]`` cast to
@@ -93,19 +112,16 @@ class _Head(nn.Module):
                             f"dtype {inputs.dtype} (integer token ids need a head built with vocab_size)")
         return check_tensor(inputs, "inputs", 3, self.input_dim, "[B, N, input_dim]", dtype=parameter_dtype(self.embed))
 
-    def reconstruction_loss(self, y: Tensor, inputs: Tensor, mask: Tensor | None) -> Tensor:
-        """Mean over valid steps of the loss of reconstructing each step's input from ``y`` at that step."""
+    def reconstruct(self, y: Tensor, inputs: Tensor) -> Tensor:
+        """``[B, N]``: the loss of reconstructing each step's input from ``y`` at that step."""
         out = self.decoder(y).float()
         if self.tokens:
-            per_step = F.cross_entropy(out.flatten(0, 1), inputs.flatten(), reduction="none").view(inputs.shape)
-        else:
-            target = inputs.float()
-            if bool(((target < 0) | (target > 1)).any()):  # one check (one sync) per step
-                raise ValueError("reconstruction of feature inputs needs features in [0, 1] (a sigmoid "
-                                 f"cross-entropy), got values in [{float(target.min())}, {float(target.max())}]")
-            per_step = F.binary_cross_entropy_with_logits(out, target, reduction="none").mean(-1)
-        flat_mask = None if mask is None else mask.reshape(-1)  # the mean over every valid step of the batch
-        return masked_mean(per_step.reshape(-1, 1), flat_mask, dim=0)[0]
+            return F.cross_entropy(out.flatten(0, 1), inputs.flatten(), reduction="none").view(inputs.shape)
+        target = inputs.float()
+        if bool(((target < 0) | (target > 1)).any()):  # one check (one sync) per step
+            raise ValueError("reconstruction of feature inputs needs features in [0, 1] (a sigmoid "
+                             f"cross-entropy), got values in [{float(target.min())}, {float(target.max())}]")
+        return F.binary_cross_entropy_with_logits(out, target, reduction="none").mean(-1)
 
 
 class Tagger(_Head):
@@ -116,9 +132,10 @@ class Tagger(_Head):
         self.norm = nn.LayerNorm(self.out_dim)
         self.out = nn.Linear(self.out_dim, num_classes)
 
-    def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
-        _, (y, state) = self.encode(inputs, state, mask)
-        return self.out(self.norm(y)), state
+    def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None, return_auxiliary: bool = False):
+        _, y, state, auxiliary = self.encode(inputs, state, mask, return_auxiliary)
+        logits = self.out(self.norm(y))
+        return (logits, state, auxiliary) if return_auxiliary else (logits, state)
 
 
 class CausalLM(Tagger):
@@ -300,13 +317,15 @@ class Classifier(_Head):
         last = (mask.long().cumsum(1).argmax(1))  # index of the last valid step
         return self.norm(y[torch.arange(y.shape[0], device=y.device), last])
 
-    def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
-        x, (y, state) = self.encode(inputs, state, mask)
+    def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None, return_auxiliary: bool = False):
+        x, y, state, auxiliary = self.encode(inputs, state, mask, return_auxiliary)
         pooled = self.pool(y, state, mask)
         if self.readout != "choices":
-            return self.mlp(pooled), state
-        choices = x[:, list(self.choice_steps)]  # [B, num_classes, dim] the embedded answers on offer
-        return torch.einsum("bd,bcd->bc", self.project(pooled), choices), state
+            logits = self.mlp(pooled)
+        else:
+            choices = x[:, list(self.choice_steps)]  # [B, num_classes, dim] the embedded answers on offer
+            logits = torch.einsum("bd,bcd->bc", self.project(pooled), choices)
+        return (logits, state, auxiliary) if return_auxiliary else (logits, state)
 
 
 def build_model(
@@ -350,213 +369,3 @@ def build_model(
     if task.kind == "lm":  # next-token prediction over the input vocabulary (chronomem.tasks.text)
         return CausalLM(backbone, dim, task.vocab_size, reconstruction=reconstruction)
     raise ValueError(f"task.kind must be 'tag', 'classify' or 'lm', got {task.kind!r}")
-
-
-class ActorCritic(nn.Module):
-    """An agent around any core: ``observation -> encoder -> core -> (policy logits, value)``.
-
-    ``logits [B, N, num_actions], value [B, N], state = agent(obs, state=None, done=None)``: ``obs`` has
-    ``[B, N]`` in front (see ``chronomem.encoders``); ``done [B, N]`` (True where a step is the last of
-    its episode) goes to the core, which then resets the rows inside the call (docs/design.md, "Episode
-    boundaries"). Policy and value are two MLPs with one hidden layer of ``hidden`` units and tanh
-    (rl-starter-files' actor and critic), initialised orthogonally with gains sqrt(2), then 0.01 for
-    the policy's output and 1 for the value's (CleanRL's ``layer_init``), so the first policy is
-    near uniform.
-
-    ``reconstruction=w`` adds paper 001's self-supervised loss (App. A.1; the heads' option above, for
-    an agent): a decoder from the core's output reconstructs every step's observation (for Ballet the
-    image and the instruction: ``chronomem.encoders.BalletDecoder``, built by the encoder's
-    ``decoder(width)``; an encoder without one is a ValueError). A forward that records gradients
-    (the learner's replay, not acting under ``torch.inference_mode``) stores ``w`` times the mean
-    loss over its steps in ``auxiliary_loss`` and the unweighted mean in ``reconstruction_loss``
-    (logged as its own column by PPO); otherwise both are None. ``reconstruct_every=k`` (deviation, a
-    CPU budget; default 1, every step) decodes one step in every ``k`` of the call, from a phase drawn
-    at random per call: an unbiased estimate of the mean over every step at ``1 / k`` of the decoder's
-    cost (on Ballet's symbolic grid the decoder and its loss are most of a learner step).
-    """
-
-    def __init__(self, encoder: nn.Module, core: nn.Module, num_actions: int, hidden: int = 64,
-                 reconstruction: float = 0.0, reconstruct_every: int = 1):
-        super().__init__()
-        if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
-            raise ValueError(f"num_actions must be a positive int, got {num_actions!r}")
-        if isinstance(hidden, bool) or not isinstance(hidden, int) or hidden < 1:
-            raise ValueError(f"hidden must be a positive int, got {hidden!r}")
-        if isinstance(reconstruction, bool) or not isinstance(reconstruction, (int, float)) or not reconstruction >= 0:
-            raise ValueError(f"reconstruction must be a loss weight >= 0, got {reconstruction!r}")
-        self.encoder, self.core = encoder, core
-        out_dim = getattr(core, "out_dim", getattr(encoder, "dim", None))
-        self.actor = self._mlp(out_dim, hidden, num_actions, 0.01)
-        self.critic = self._mlp(out_dim, hidden, 1, 1.0)
-        self.reconstruction = float(reconstruction)
-        self.reconstruct_every = check_positive(reconstruct_every, "reconstruct_every")
-        if self.reconstruction:
-            if not hasattr(encoder, "decoder"):
-                raise ValueError(f"reconstruction={reconstruction} needs an encoder with a reconstruction decoder "
-                                 f"(e.g. BalletEncoder), got {type(encoder).__name__}; use reconstruction=0")
-            self.decoder = encoder.decoder(out_dim)  # App. A.1: independent weights
-        self.auxiliary_loss: Tensor | None = None
-        self.reconstruction_loss: Tensor | None = None
-
-    @staticmethod
-    def _mlp(width: int, hidden: int, out: int, out_gain: float) -> nn.Sequential:
-        layers = [nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, out)]
-        for layer, gain in ((layers[0], 2**0.5), (layers[2], out_gain)):
-            nn.init.orthogonal_(layer.weight, gain)
-            nn.init.zeros_(layer.bias)
-        return nn.Sequential(*layers)
-
-    def initial_state(self, batch_size: int, device=None):
-        """The core's initial state for ``batch_size`` environments."""
-        return self.core.init_state(batch_size, device)
-
-    def forward(self, obs, state=None, done: Tensor | None = None):
-        learning = self.reconstruction and torch.is_grad_enabled()
-        targets = self.encoder.reconstruction_targets(obs) if learning else None  # checked and converted once
-        x = self.encoder(obs) if targets is None else self.encoder.encode(*targets)
-        y, state = self.core(x, state=state) if done is None else self.core(x, state=state, done=done)
-        self.auxiliary_loss = self.reconstruction_loss = None
-        if learning:
-            targets = (y, *targets)
-            if self.reconstruct_every > 1:  # every k-th step from a random phase (class docstring)
-                phase = int(torch.randint(min(self.reconstruct_every, y.shape[1]), ()))
-                targets = tuple(t[:, phase :: self.reconstruct_every] for t in targets)
-            loss = self.decoder(*targets).mean()
-            self.auxiliary_loss, self.reconstruction_loss = self.reconstruction * loss, loss.detach()
-        return self.actor(y), self.critic(y).squeeze(-1), state
-
-
-class InstructedPolicy(nn.Module):
-    """Behaviour cloning with an instruction (paper 003 Sec. 4.2, BabyAI): ``logits [B, N, num_actions],
-    None = policy(inputs, mask=mask)`` over whole episodes, ``logits [B, num_actions], state =
-    policy.step(features [B, F], state)`` one step at a time (acting), with equal outputs.
-
-    A step's ``inputs`` are ``chronomem.tasks.babyai.step_features``: the 7x7x3 view, the direction and
-    the mission's token ids (uint8). The view and direction go through the ``MiniGridEncoder``
-    (without its mission bag of words); the instruction becomes one token of width ``dim``: a GRU over
-    its word embeddings (BabyAI's own agent reads its instruction with a GRU), its last output. Where
-    the instruction token goes (the paper: "For the baseline Transformer model, we append the language
-    instruction to the sequence of states [...] For the proposed model, the language instruction is
-    appended to each chunk"):
-
-    * ``placement="sequence"`` (Transformer): ``[instruction, s_0, s_1, ...]``; every state attends to it
-      at every layer.
-    * ``placement="chunk"`` (TLB, ``core.chunk_size = K``): every chunk is ``[instruction, K - 1 states]``,
-      so each chunk attends to it.
-
-    Deviation: one instruction token (the GRU's summary), not one token per word. The core must be
-    causal; a stateless core (the Transformer) acts with a cache of each layer's keys and values, so a
-    step costs O(t), not a recomputation of the episode. ``step`` moves every row one step forward from
-    the start of its episode together (a batch of fresh episodes, as the evaluation plays them).
-    """
-
-    PLACEMENTS = ("sequence", "chunk")
-
-    def __init__(self, core: nn.Module, dim: int, num_actions: int, vocab_size: int, max_words: int,
-                 placement: str = "sequence", view: int = 7):
-        super().__init__()
-        from chronomem.encoders import MiniGridEncoder
-
-        if placement not in self.PLACEMENTS:
-            raise ValueError(f"placement must be one of {self.PLACEMENTS}, got {placement!r}")
-        if not getattr(core, "causal", False):
-            raise ValueError(f"the core must be causal (an agent acts on the past only), got {type(core).__name__} "
-                             f"with causal={getattr(core, 'causal', None)}")
-        self.placement = placement
-        if placement == "chunk":
-            chunk = getattr(core, "chunk_size", None)
-            if not isinstance(chunk, int) or chunk < 2:
-                raise ValueError(f"placement='chunk' needs a chunked core with chunk_size >= 2 (the instruction and "
-                                 f"at least one state), got chunk_size={chunk!r}")
-            self.period = chunk - 1  # states per chunk
-        self.core, self.dim, self.view = core, dim, view
-        self.max_words = check_positive(max_words, "max_words")
-        self.image_features = view * view * 3
-        self.encoder = MiniGridEncoder(dim, vocab_size=1, max_words=1, view=view, mission=False)
-        self.words = nn.Embedding(vocab_size, dim, padding_idx=0)
-        self.instruction_rnn = nn.GRU(dim, dim, batch_first=True)
-        self.norm = nn.LayerNorm(getattr(core, "out_dim", dim))
-        self.out = nn.Linear(getattr(core, "out_dim", dim), num_actions)
-
-    # ---- inputs ---------------------------------------------------------------------------------
-
-    def states(self, inputs: Tensor) -> Tensor:
-        """``[B, N, dim]`` embedded view and direction of every step of ``inputs [B, N, F]``."""
-        width = self.image_features + 1 + self.max_words
-        if not isinstance(inputs, Tensor) or inputs.dim() != 3 or inputs.shape[-1] != width:
-            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
-            raise ValueError(f"inputs must be step features [B, N, {width}] (view, direction, mission), got {shape}")
-        if inputs.is_floating_point():
-            raise TypeError(f"inputs must be integer step features (uint8), got dtype {inputs.dtype}")
-        image = inputs[..., :self.image_features].long().unflatten(-1, (self.view, self.view, 3))
-        return self.encoder({"image": image, "direction": inputs[..., self.image_features].long()})
-
-    def instruction(self, mission: Tensor) -> Tensor:
-        """``[B, dim]``: the GRU's output after the last word of ``mission [B, max_words]`` (token ids, 0 pads)."""
-        mission = mission.long()
-        out, _ = self.instruction_rnn(self.words(mission))
-        last = (mission != 0).long().sum(1).clamp_min(1) - 1
-        return out[torch.arange(mission.shape[0], device=out.device), last]
-
-    # ---- whole episodes (training) ----------------------------------------------------------------
-
-    def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
-        if state is not None:
-            raise TypeError("the whole-episode forward starts every row at its episode's start: state must be None "
-                            "(act one step at a time with step())")
-        s = self.states(inputs)
-        batch, n, dim = s.shape
-        valid = torch.ones(batch, n, dtype=torch.bool, device=s.device) if mask is None else mask
-        token = self.instruction(inputs[:, 0, self.image_features + 1:])[:, None]  # the episode's mission
-        if self.placement == "sequence":
-            x = torch.cat([token, s], 1)
-            y, _ = self.core(x, mask=torch.cat([valid[:, :1], valid], 1))
-            return self.out(self.norm(y[:, 1:])), None
-        p = self.period
-        chunks = -(-n // p)
-        pad = chunks * p - n
-        s = F.pad(s, (0, 0, 0, pad)).view(batch, chunks, p, dim)
-        valid = F.pad(valid, (0, pad)).view(batch, chunks, p)
-        x = torch.cat([token[:, None].expand(batch, chunks, 1, dim), s], 2).flatten(1, 2)
-        m = torch.cat([valid[..., :1], valid], 2).flatten(1, 2)  # a chunk's instruction is valid with its states
-        y, _ = self.core(x, mask=m)
-        y = y.view(batch, chunks, p + 1, -1)[:, :, 1:].flatten(1, 2)[:, :n]
-        return self.out(self.norm(y)), None
-
-    # ---- one step at a time (acting) --------------------------------------------------------------
-
-    def initial_state(self, batch_size: int, device=None) -> PolicyState:
-        core_state = self.core.init_state(batch_size, device)
-        return PolicyState(steps=0, instruction=None, core=core_state, cache=None)
-
-    def step(self, features: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        """The logits ``[B, num_actions]`` of one step's ``features [B, F]`` and the next state."""
-        if not isinstance(state, PolicyState):
-            raise TypeError(f"state must be a PolicyState (policy.initial_state(batch)), got {type(state).__name__}")
-        inputs = features[:, None]
-        s = self.states(inputs)
-        token = state.instruction
-        if token is None:  # the first step: read the mission
-            token = self.instruction(inputs[:, 0, self.image_features + 1:])
-        opens = state.steps == 0 if self.placement == "sequence" else state.steps % self.period == 0
-        x = torch.cat([token[:, None], s], 1) if opens else s
-        if state.core is None:  # a stateless core: its keys and values so far
-            y, cache = self.core.step(x, state.cache)
-            core_state = None
-        else:
-            y, core_state = self.core(x, state=state.core)
-            cache = None
-        logits = self.out(self.norm(y[:, -1]))
-        return logits, PolicyState(state.steps + 1, token, core_state, cache)
-
-
-@dataclass(frozen=True)
-class PolicyState:
-    """``InstructedPolicy``'s state while acting: ``steps`` taken (every row alike), the instruction
-    token ``[B, dim]`` (None before the first step), the core's state, and for a stateless core the
-    ``cache``: per layer ``(keys, values)`` of every token so far."""
-
-    steps: int
-    instruction: Tensor | None
-    core: object
-    cache: tuple | None

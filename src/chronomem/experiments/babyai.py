@@ -1,6 +1,6 @@
 """babyai and babyai-multi (paper 003 Sec. 4.2, Fig. 3): behaviour cloning, Transformer vs Transformer + TLB.
 
-Both models are an ``InstructedPolicy`` (``chronomem.heads``) around a causal core of the same width
+Both models are an ``InstructedPolicy`` (``chronomem.agents``) around a causal core of the same width
 and the same number of self-attention layers: the Transformer with the instruction token before the
 sequence of states, TLB (one ``[1 x self, 1 x cross]`` group per layer) with it at the start of every
 chunk. They are trained by the supervised trainer (``chronomem.train``) on the BabyAI bot's demos
@@ -94,8 +94,8 @@ def model_options(model: str, s: BabyAIScale) -> dict[str, Any]:
 
 
 def build_policy(model: str, s: BabyAIScale):
+    from chronomem.agents import InstructedPolicy
     from chronomem.envs.minigrid import VOCAB_SIZE
-    from chronomem.heads import InstructedPolicy
     from chronomem.registry import get_model
     from chronomem.tasks.babyai import MAX_WORDS, NUM_ACTIONS
 

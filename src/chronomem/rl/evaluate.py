@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from chronomem.agents import ActorCritic
 from chronomem.envs.make import env_seeds, make_env, make_vector_env
-from chronomem.heads import ActorCritic
 from chronomem.rl.ppo import Args, as_tensor, make_agent, obs_map
 from chronomem.rl.progress import EpisodeProgress
 from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run

@@ -24,7 +24,8 @@ One update:
    rollout's start state (``state.select(rows)``) with ``done [b, T]`` inside the call, so the
    recomputed log-probabilities and values of the first minibatch equal those of the rollout (tested
    to 1e-5 for every core). Loss: the clipped surrogate (PPO eq. 7), the clipped value loss
-   (CleanRL's), minus the entropy bonus; advantages optionally normalised per minibatch
+   (CleanRL's), minus the entropy bonus, plus the agent's weighted reconstruction loss when it has one
+   (paper 001 App. A.1, ``ActorCritic(reconstruction=w)``); advantages optionally normalised per minibatch
    (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run.
 
 Scale-out (CleanRL's ``ppo_atari_multigpu.py`` pattern): under ``torchrun --nproc_per_node=K`` each of
@@ -54,9 +55,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from chronomem.agents import ActorCritic
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
-from chronomem.heads import ActorCritic
 from chronomem.train.checkpoint import (
     check_new_run,
     load_checkpoint,
@@ -365,15 +366,17 @@ def gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[Tensor, Tens
 # =============================================================================================
 
 
-def replay(agent: ActorCritic, rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def replay(agent: ActorCritic, rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(log-probabilities, entropies, values)`` ``[b, T]`` of the rollout's actions in env rows ``rows``,
-    recomputed in one call from the rollout's start state."""
+    recomputed in one call from the rollout's start state, and the agent's weighted reconstruction loss
+    over those steps (paper 001 App. A.1; None when the agent has none)."""
     obs = obs_map(lambda x: x[rows], rollout.obs)
-    logits, values, _ = agent(obs, rollout.state.select(rows), done=rollout.done[rows])
+    logits, values, _, auxiliary = agent(obs, rollout.state.select(rows), done=rollout.done[rows],
+                                         return_auxiliary=True)
     logp = F.log_softmax(logits, -1)
     logprobs = logp.gather(-1, rollout.actions[rows].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
-    return logprobs, entropy, values
+    return logprobs, entropy, values, auxiliary
 
 
 def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout, advantages: Tensor,
@@ -391,7 +394,7 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
         order = torch.randperm(B, device=rollout.actions.device)
         for start in range(0, B, per_minibatch):
             rows = order[start : start + per_minibatch]
-            logprobs, entropy, values = replay(agent, rollout, rows)
+            logprobs, entropy, values, auxiliary = replay(agent, rollout, rows)
             logratio = logprobs - rollout.logprobs[rows]
             ratio = logratio.exp()
             adv = advantages[rows]
@@ -407,9 +410,9 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
             entropy = entropy.mean()
             loss = policy_loss - args.ent_coef * entropy + args.vf_coef * value_loss
             terms = {}
-            if agent.auxiliary_loss is not None:  # the replay's weighted reconstruction loss (ActorCritic)
-                loss = loss + agent.auxiliary_loss
-                terms["reconstruction_loss"] = agent.reconstruction_loss
+            if auxiliary is not None:  # the replay's weighted reconstruction loss (ActorCritic(reconstruction=w))
+                loss = loss + auxiliary
+                terms["reconstruction_loss"] = auxiliary.detach() / agent.reconstruction  # logged unweighted
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             average_gradients(agent, ctx)

@@ -10,7 +10,7 @@
 * ``BabyAIDemos`` is a per-step action tagger for the supervised trainer: a step's input is the
   observation the bot acted on (the 7x7x3 view, the direction and the mission tokens,
   ``step_features``), its target the bot's action. Its inputs are integer ids, read by
-  ``chronomem.heads.InstructedPolicy`` (not by the generic heads of ``chronomem train``), so it is
+  ``chronomem.agents.InstructedPolicy`` (not by the generic heads of ``chronomem train``), so it is
   not a registered task: the experiments ``babyai`` and ``babyai-multi`` build it.
 
 Levels (``LEVELS``): the paper's names -> minigrid 3.2 ids. minigrid 3.2 has no ``BabyAI-PutNext-v0``:

@@ -180,14 +180,13 @@ def resumed_anchor(cfg: TrainConfig, step: int, saved_total: int, anchor: tuple[
     return step, done
 
 
-def loss_terms(model: nn.Module, task_loss: torch.Tensor) -> dict[str, torch.Tensor]:
+def loss_terms(task_loss: torch.Tensor, auxiliary_loss: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The terms a training step minimises (their sum), each logged under its name: the task's
-    ``loss`` and, when the model produced one this step, its ``auxiliary_loss`` (e.g. the heads'
-    weighted input reconstruction, ``chronomem.heads``)."""
+    ``loss`` and, when the model returned one, its ``auxiliary_loss`` (the heads' weighted input
+    reconstruction, ``chronomem.heads.reconstruction_loss``)."""
     terms = {"loss": task_loss}
-    auxiliary = getattr(model, "auxiliary_loss", None)
-    if auxiliary is not None:
-        terms["auxiliary_loss"] = auxiliary
+    if auxiliary_loss is not None:
+        terms["auxiliary_loss"] = auxiliary_loss
     return terms
 
 
@@ -301,11 +300,16 @@ def train(
         stopped_early = False
         step = start_step
         model.train()
+        asks_auxiliary = bool(getattr(model, "reconstruction", 0.0))  # a head built with reconstruction=w
         while step < cfg.steps:
             batch = task.sample(cfg.batch_size, batch_generator(cfg.seed, ctx.rank, step)).to(device)
-            logits, _ = ddp_model(batch.inputs, mask=batch.mask)
+            if asks_auxiliary:
+                logits, _, auxiliary = ddp_model(batch.inputs, mask=batch.mask, return_auxiliary=True)
+            else:
+                logits, _ = ddp_model(batch.inputs, mask=batch.mask)
+                auxiliary = None
             loss, correct, count = loss_and_accuracy(logits, batch, task.kind)
-            terms = loss_terms(model, loss)
+            terms = loss_terms(loss, auxiliary)
             optimizer.zero_grad(set_to_none=True)
             sum(terms.values()).backward()
             if cfg.clip is not None:
