@@ -7,7 +7,8 @@ import torch
 
 pytest.importorskip("gymnasium")  # the generator is checked against stepping BalletEnv
 
-from chronomem.envs.ballet import DANCE_OFFSETS, DANCER_CELLS, LEVELS, WATCH, BalletEnv  # noqa: E402
+from chronomem.envs.ballet import BalletEnv  # noqa: E402
+from chronomem.envs.ballet_world import DANCE_OFFSETS, DANCER_CELLS, LEVELS, WATCH  # noqa: E402
 from chronomem.registry import get_task  # noqa: E402
 from chronomem.tasks.ballet import Episodes, SupervisedBallet, observation_features  # noqa: E402
 from test_envs_ballet import run_to_cue  # noqa: E402

@@ -7,7 +7,8 @@ import pytest
 gym = pytest.importorskip("gymnasium")
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
-from chronomem.envs.ballet import (  # noqa: E402
+from chronomem.envs.ballet import BalletEnv  # noqa: E402
+from chronomem.envs.ballet_world import (  # noqa: E402
     AGENT_START,
     CLOCK_RGB,
     COLOUR_NAMES,
@@ -24,7 +25,6 @@ from chronomem.envs.ballet import (  # noqa: E402
     SUCCESS_RGB,
     VOCAB,
     WATCH,
-    BalletEnv,
     Layout,
     shape_mask,
 )

@@ -9,20 +9,20 @@ import pytest
 
 gym = pytest.importorskip("gymnasium")
 
-from chronomem.envs.ballet import (  # noqa: E402
+from chronomem.envs.ballet import BalletEnv  # noqa: E402
+from chronomem.envs.ballet_vector import BalletVectorEnv  # noqa: E402
+from chronomem.envs.ballet_world import (  # noqa: E402
     DANCER_CELLS,
     DIRECTIONS,
     GYM_ID,
     LEVELS,
     MAX_STEPS,
     MIXTURE,
-    BalletEnv,
     Layout,
     ballet_id,
     cue_step,
     parse_level,
 )
-from chronomem.envs.ballet_vector import BalletVectorEnv  # noqa: E402
 from chronomem.envs.make import make_vector_env  # noqa: E402
 from chronomem.envs.recall import GYM_ID as CUE  # noqa: E402
 from chronomem.envs.recall import CueRecall, CueRecallVector  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("gymnasium")
 pytest.importorskip("popgym")
 
-from chronomem.envs.ballet import ballet_id  # noqa: E402
+from chronomem.envs.ballet_world import ballet_id  # noqa: E402
 from chronomem.experiments import popgym as popgym_experiment  # noqa: E402
 from chronomem.experiments import run_experiment  # noqa: E402
 from chronomem.experiments.rl_runs import max_mean_return, mean_curve  # noqa: E402

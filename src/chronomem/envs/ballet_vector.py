@@ -68,7 +68,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from chronomem.checks import check_positive
-from chronomem.envs.ballet import (
+from chronomem.envs.ballet_world import (
     AGENT_RGB,
     AGENT_START,
     CELL_PIXELS,

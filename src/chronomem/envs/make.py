@@ -4,8 +4,8 @@
   MiniGrid and BabyAI ids (Gymnasium 1.x raises ``NameNotFound`` without it) and importing
   ``chronomem.envs.recall`` registers the cue-recall test env, ``chronomem.envs.ballet`` the Ballet
   levels and the paper's level mixture, ``import popgym`` POPGym's environments (wrapped by
-  ``chronomem.envs.popgym.wrap``); an unknown id is a ValueError listing close matches. MiniGrid
-  and BabyAI environments get ``chronomem.envs.minigrid.MissionTokens``.
+  ``chronomem.envs.wrappers.wrap_popgym``); an unknown id is a ValueError listing close matches. MiniGrid
+  and BabyAI environments get ``chronomem.envs.wrappers.MissionTokens``.
 * ``make_vector_env`` builds ``num_envs`` environments of one id as a vector env with
   ``autoreset_mode=SAME_STEP``: the step that ends an episode returns the *next* episode's first
   observation and the final one in ``info["final_obs"]``. (Gymnasium 1.x's default, NEXT_STEP,
@@ -29,9 +29,9 @@ import difflib
 
 import numpy as np
 
-from chronomem.envs.minigrid import MAX_WORDS, PAIRS, MissionTokens
+from chronomem.envs.minigrid import MAX_WORDS, PAIRS
 from chronomem.envs.popgym import is_popgym, missing_hint
-from chronomem.envs.popgym import wrap as wrap_popgym
+from chronomem.envs.wrappers import MissionTokens, wrap_popgym
 
 try:  # the optional extra ``chronomem[rl]``
     import gymnasium as gym
@@ -77,7 +77,7 @@ def check_env_id(env_id: str) -> str:
 
 def make_env(env_id: str, render_mode: str | None = None, max_words: int = MAX_WORDS, **options):
     """One environment ``env_id`` (any Gymnasium id; ``options`` go to ``gym.make``). MiniGrid and BabyAI
-    environments get ``MissionTokens``, POPGym's ``chronomem.envs.popgym.wrap`` (its previous-action
+    environments get ``MissionTokens``, POPGym's ``wrap_popgym`` (its previous-action
     protocol and flat observations); Ballet's observations are batchable as they are."""
     check_env_id(env_id)
     env = gym.make(env_id, **options) if render_mode is None else gym.make(env_id, render_mode=render_mode, **options)

@@ -1,13 +1,15 @@
 """MiniGrid for agents: the mission as tokens and the train/test pairs of paper 004 (Sec. 3.2, Table 3).
 
 * A MiniGrid observation is ``{"image": uint8 [7, 7, 3], "direction": int, "mission": str}``:
-  ``MissionTokens`` replaces the mission string by ``max_words`` int64 token ids (``VOCABULARY``), so
-  every observation is a fixed-shape array that a vector env can batch (``chronomem.envs.make`` adds
-  it to every MiniGrid and BabyAI environment).
+  ``tokenize`` turns the mission string into ``max_words`` int64 token ids (``VOCABULARY``), so that
+  every observation is a fixed-shape array a vector env can batch (the Gymnasium wrapper that does it
+  is ``chronomem.envs.wrappers.MissionTokens``, which ``chronomem.envs.make`` adds to every MiniGrid and
+  BabyAI environment).
 * The agent's 7x7x3 view (object, colour, state per cell) has the same shape in every grid size,
   which is what lets an agent trained on a small grid be evaluated on a large one (``PAIRS``).
 
-No training code and no models here (docs/design.md: envs import no models, tasks or trainers).
+No training code, no models and no gymnasium here (docs/design.md: envs import no models, tasks or
+trainers; the tasks and experiments read these facts without importing gymnasium).
 """
 
 from __future__ import annotations
@@ -16,12 +18,6 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-
-try:  # the optional extra ``chronomem[rl]``
-    import gymnasium as gym
-    from gymnasium import spaces
-except ModuleNotFoundError:  # pragma: no cover - exercised only without gymnasium
-    gym = None
 
 
 @dataclass(frozen=True)
@@ -74,23 +70,3 @@ def tokenize(mission: str, max_words: int = MAX_WORDS) -> np.ndarray:
     ids = np.full(max_words, PAD, dtype=np.int64)
     ids[: len(words)] = [WORD_IDS.get(word, UNKNOWN) for word in words]
     return ids
-
-
-class MissionTokens(gym.ObservationWrapper if gym is not None else object):
-    """A MiniGrid observation with its mission string replaced by token ids ``int64 [max_words]``."""
-
-    def __init__(self, env, max_words: int = MAX_WORDS):
-        super().__init__(env)
-        self.max_words = max_words
-        self._mission, self._tokens = None, None
-        space = env.observation_space
-        self.observation_space = spaces.Dict({
-            **{key: value for key, value in space.spaces.items() if key != "mission"},
-            "mission": spaces.Box(0, VOCAB_SIZE - 1, (max_words,), np.int64),
-        })
-
-    def observation(self, observation):
-        mission = observation["mission"]
-        if mission != self._mission:  # a mission is fixed for an episode: tokenize it once
-            self._mission, self._tokens = mission, tokenize(mission, self.max_words)
-        return {**observation, "mission": self._tokens.copy()}

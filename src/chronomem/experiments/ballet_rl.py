@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chronomem.envs.ballet import LEVELS, ballet_id, parse_level
+from chronomem.envs.ballet_world import LEVELS, ballet_id, parse_level
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.rl_runs import check_cores, check_no_time_budget, curve, mean_curve, plot_curves, ppo_run
 from chronomem.registry import register_experiment

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from chronomem.checks import check_positive
-from chronomem.envs.ballet import (
+from chronomem.envs.ballet_world import (
     AGENT_START,
     CH_AGENT,
     CH_COLOUR,
