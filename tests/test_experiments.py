@@ -11,8 +11,9 @@ import torch
 from chronomem.experiments import babyai, base, htm, listops, lm, relevance, tour
 from chronomem.experiments import copy_baselines as copy
 from chronomem.experiments import images as resolution
-from chronomem.experiments.base import Experiment, Scale, comparison_table, plot_results, run_experiment
+from chronomem.experiments.base import Experiment, Scale, run_experiment
 from chronomem.registry import EXPERIMENTS, get_experiment
+from chronomem.report import comparison_table, plot_results
 
 ALL_SCALES = {
     "copy-baselines": copy.SCALES, "ballet": htm.BALLET_SCALES, "pai": htm.PAI_SCALES, "listops": listops.SCALES,

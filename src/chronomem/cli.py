@@ -396,8 +396,8 @@ def cmd_report(args) -> int:
 
 def cmd_run(args) -> int:
     from chronomem.experiments import run_experiment
-    from chronomem.experiments.base import comparison_table
     from chronomem.registry import get_experiment
+    from chronomem.report import comparison_table
 
     if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from chronomem.experiments.base import TOUR_SEPARATOR, Experiment
+from chronomem.experiments.base import Experiment
 from chronomem.registry import EXPERIMENTS, register_experiment
+from chronomem.report import TOUR_SEPARATOR
 
 
 def contributors() -> list[Experiment]:
