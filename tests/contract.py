@@ -11,7 +11,8 @@ streaming at an arbitrary split, differs from it:
 * ``check_any_split``: calls of random lengths (one step included), with or without dones, == one call.
 * ``check_select_concat``: ``state.select(rows)`` and ``concat_states`` split and join the batch.
 
-Use float64 cores for tight tolerances.
+Use float64 cores for tight tolerances. Every check runs on ``TEST_DEVICE`` (``CHRONOMEM_TEST_DEVICE``,
+default cpu; tests/conftest.py): it moves the core and the inputs there.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ import dataclasses
 
 import torch
 from torch import Tensor, nn
+
+from helpers import TEST_DEVICE
+
+
+def on_test_device(core: nn.Module, *tensors: Tensor | None):
+    """``core`` and ``tensors`` (None stays None) on ``TEST_DEVICE``."""
+    return core.to(TEST_DEVICE), *(None if t is None else t.to(TEST_DEVICE) for t in tensors)
 
 
 def randn64(*shape, seed: int = 0) -> Tensor:
@@ -93,6 +101,7 @@ def run_in_pieces(core: nn.Module, x: Tensor, cuts: list[int], done: Tensor | No
 
 def check_done_equals_reset(core: nn.Module, x: Tensor, done: Tensor, atol: float = 1e-9) -> None:
     """One call with ``done`` == calls cut after every done with ``state.reset`` between them."""
+    core, x, done = on_test_device(core, x, done)
     steps = x.shape[1]
     cuts = sorted({t + 1 for t in torch.nonzero(done.any(0)).flatten().tolist()} | {steps})
     x1 = x.detach().clone().requires_grad_(True)
@@ -101,7 +110,7 @@ def check_done_equals_reset(core: nn.Module, x: Tensor, done: Tensor, atol: floa
     y2, s2 = run_in_pieces(core, x2, cuts, done, pass_done=False)
     torch.testing.assert_close(y1, y2, atol=atol, rtol=0, msg="outputs with done inside the call")
     assert_same_state(s1, s2, atol, "final state with done inside the call")
-    weights = torch.randn(y1.shape, generator=torch.Generator().manual_seed(1), dtype=y1.dtype)
+    weights = torch.randn(y1.shape, generator=torch.Generator().manual_seed(1), dtype=y1.dtype).to(y1.device)
     for i, (g1, g2) in enumerate(zip(_grads(core, x1, y1, weights), _grads(core, x2, y2, weights), strict=True)):
         torch.testing.assert_close(g1, g2, atol=atol * 100, rtol=0, msg=f"gradient {i} (0 = input)")
 
@@ -117,6 +126,7 @@ def random_cuts(steps: int, generator: torch.Generator, one_step_pieces: bool = 
 def check_any_split(core: nn.Module, x: Tensor, done: Tensor | None, generator: torch.Generator,
                     atol: float = 1e-9) -> None:
     """Calls of random lengths, and of one step each, == one call (with ``done`` if given)."""
+    core, x, done = on_test_device(core, x, done)
     with torch.no_grad():
         y, state = core(x, done=done) if done is not None else core(x)
         for one_step in (False, True):
@@ -128,12 +138,13 @@ def check_any_split(core: nn.Module, x: Tensor, done: Tensor | None, generator: 
 
 def check_select_concat(core: nn.Module, x: Tensor, concat_states, atol: float = 1e-9) -> None:
     """Rows selected from a state and joined again continue exactly as the whole batch does."""
+    core, x = on_test_device(core, x)
     batch = x.shape[0]
     half = x.shape[1] // 2
     with torch.no_grad():
         _, state = core(x[:, :half])
         y_whole, _ = core(x[:, half:], state=state)
-        order = torch.arange(batch - 1, -1, -1)
+        order = torch.arange(batch - 1, -1, -1, device=x.device)
         parts = [state.select(order[:1]), state.select(order[1:])]
         joined = concat_states(parts)
         y_joined, _ = core(x[order, half:], state=joined)

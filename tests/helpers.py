@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
+
+# The device of the contract and kernel tests (tests/conftest.py): CHRONOMEM_TEST_DEVICE=cuda on a GPU.
+TEST_DEVICE = torch.device(os.environ.get("CHRONOMEM_TEST_DEVICE", "cpu"))
 
 
 def assert_same_gradients(reference: nn.Module, model: nn.Module, atol: float = 2e-5, rtol: float = 1e-4) -> None:

@@ -1,4 +1,5 @@
-"""HTM's chunk-mixing kernels against their naive reference: values, gradients, gradcheck."""
+"""HTM's chunk-mixing kernels against their naive reference: values, gradients, gradcheck. On the test
+device (``CHRONOMEM_TEST_DEVICE``, tests/conftest.py): inputs are drawn on the CPU, then moved."""
 
 import pytest
 import torch
@@ -6,6 +7,11 @@ import torch
 from chronomem.ops.htm_mix import mix_chunks, mix_chunks_dense, mix_chunks_reference, mix_selected_chunks
 
 torch.set_num_threads(1)
+
+
+def on(device, *tensors):
+    """``tensors`` on ``device`` (a CPU tensor that requires grad stays the leaf it is on the CPU)."""
+    return tuple(t.to(device) for t in tensors)
 
 
 def reference_on_rows(q, weights, table, slot_table, rows, norm=False, slot_encoding=None):
@@ -16,7 +22,7 @@ def reference_on_rows(q, weights, table, slot_table, rows, norm=False, slot_enco
 
 @pytest.mark.parametrize("rows_per_block", [1, 3, 1000])
 @pytest.mark.parametrize("slot_transform", [False, True])
-def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform):
+def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform, device):
     """``mix_selected_chunks`` (blocks of queries, a backward that gathers again) == the reference,
     values and gradients (into the table too), whatever the block size, also when the gathered slots
     are read through LN and a slot encoding; and it passes gradcheck."""
@@ -33,6 +39,8 @@ def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform):
     weights = torch.where(rows == 2, 0.0, weights).requires_grad_(True)
     block_bytes = rows_per_block * k * C * D * 8
     upstream = torch.randn(N, H, D, generator=g, dtype=torch.float64)
+    table, slot_table, rows, q, weights, upstream = on(device, table, slot_table, rows, q, weights, upstream)
+    transform = (transform[0], None if transform[1] is None else transform[1].to(device))
     got = mix_selected_chunks(q, weights, table, slot_table, rows, *transform, block_bytes=block_bytes)
     want = reference_on_rows(q, weights, table, slot_table, rows, *transform)
     torch.testing.assert_close(got, want)
@@ -46,7 +54,7 @@ def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform):
 
 
 @pytest.mark.parametrize("rows_per_block", [1, 1000])
-def test_dense_mix_matches_selected_mix(rows_per_block):
+def test_dense_mix_matches_selected_mix(rows_per_block, device):
     """``mix_chunks_dense`` (every query scores every chunk its group may read; the unselected get
     weight 0) == the reference's gather of the selected chunks, values and gradients (into the slots
     too), in blocks of one row or all rows, with groups of queries that may read different chunks or
@@ -68,15 +76,17 @@ def test_dense_mix_matches_selected_mix(rows_per_block):
     read = lambda w: torch.where(visible.gather(-1, top_idx), w, 0.0)  # as in HTMAttention.read
     sizes = dict(query_group=2, block_bytes=rows_per_block * 2 * H * M * C * 8)
     upstream = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64)
+    q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    slots, slot_valid, visible, top_idx, weights, upstream, q = on(device, slots, slot_valid, visible, top_idx,
+                                                                   weights, upstream, q)
 
     def dense(q, weights, slots):
-        weights = torch.zeros(B, Q, M, dtype=q.dtype).scatter(-1, top_idx, read(weights))
+        weights = torch.zeros(B, Q, M, dtype=q.dtype, device=q.device).scatter(-1, top_idx, read(weights))
         return mix_chunks_dense(q, weights, slots, slot_valid, visible, **sizes)
 
     def gathered(q, weights, slots):
         return mix_chunks_reference(q, read(weights), top_idx, slots, slot_valid)
 
-    q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
     got, want = dense(q, weights, slots), gathered(q, weights, slots)
     torch.testing.assert_close(got, want)
     assert got[:, 4:].abs().max() == 0
@@ -91,7 +101,7 @@ def test_dense_mix_matches_selected_mix(rows_per_block):
 @pytest.mark.parametrize("impl", ["auto", "gather", "dense"])
 @pytest.mark.parametrize("transform", [False, True])
 @pytest.mark.parametrize("Q", [1, 20])  # Q * k < M: slots transformed after the gather; >= M: before
-def test_mix_chunks_paths_match_the_reference(impl, transform, Q):
+def test_mix_chunks_paths_match_the_reference(impl, transform, Q, device):
     """``mix_chunks`` by each implementation's name == ``impl="reference"``, values and gradients into
     the queries, weights and contents, through LN and the slot encoding or without them."""
     g = torch.Generator().manual_seed(8)
@@ -106,6 +116,9 @@ def test_mix_chunks_paths_match_the_reference(impl, transform, Q):
     q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
     options = dict(norm=True, slot_encoding=torch.randn(C, D, generator=g, dtype=torch.float64)) if transform else {}
     upstream = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64)
+    contents, slot_valid, visible, top_idx, weights, q, upstream = on(device, contents, slot_valid, visible, top_idx,
+                                                                      weights, q, upstream)
+    options = {key: value.to(device) if torch.is_tensor(value) else value for key, value in options.items()}
     outputs = [mix_chunks(q, weights, top_idx, contents, slot_valid, visible, impl=name, **options)
                for name in (impl, "reference")]
     torch.testing.assert_close(*outputs)
