@@ -64,14 +64,11 @@ def test_stored_actions_replayed_in_the_env_reach_the_goal(demos):
 
 
 def test_generation_does_not_depend_on_the_number_of_workers(demos, monkeypatch, capsys):
-    from chronomem.train.progress import reporting
-
     monkeypatch.setattr(babyai, "DEMO_SHARE", 3)  # 4 shares of the 10 seeds over 2 processes
-    with reporting(True, "exp"):
-        parallel = generate_demos(LEVEL, 10, seed=0, workers=2)
+    parallel = generate_demos(LEVEL, 10, seed=0, workers=2, progress=True)
     for key in ("images", "directions", "actions", "missions", "lengths", "seeds"):
         np.testing.assert_array_equal(getattr(parallel, key), getattr(demos, key))
-    assert f"exp: {LEVEL} bot demos: done, 10 demos in" in capsys.readouterr().err  # progress, on stderr
+    assert f"{LEVEL} bot demos: done, 10 demos in" in capsys.readouterr().err  # progress, on stderr
 
 
 def test_failed_episodes_are_left_out(monkeypatch):

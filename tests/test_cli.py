@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from chronomem import progress
 from chronomem.cli import main
 from chronomem.registry import names
-from chronomem.train import progress
 
 
 def test_list_prints_every_registry(capsys):
@@ -257,7 +257,7 @@ def test_run_shows_progress_lines_and_a_summary_per_model_when_not_a_terminal(tm
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
     for model in ("lstm", "transformer", "transformer-xl"):
-        label = f"copy-baselines: {model} on copy, seed 0: "
+        label = f"{model} on copy, seed 0: "
         steps = [line for line in lines if line.startswith(label + "step ")]
         assert [line.split()[len(label.split())] for line in steps] == ["step"] * 3
         assert [line[len(label):].split(",")[0] for line in steps] == ["step 1/3 (33%)", "step 2/3 (67%)",
@@ -265,7 +265,7 @@ def test_run_shows_progress_lines_and_a_summary_per_model_when_not_a_terminal(tm
         assert "ETA" in steps[-1] and "loss" in steps[-1]  # step 3 is the last, so it logs loss and accuracy
         summary = [line for line in lines if line.startswith(label + "done, 3 steps in ")]
         assert len(summary) == 1 and "test accuracy" in summary[0]
-    assert "\r" not in captured.err and "copy-baselines: " not in captured.out  # plain lines, on stderr only
+    assert "\r" not in captured.err and "on copy, seed 0: " not in captured.out  # plain lines, on stderr only
 
 
 def test_run_quiet_shows_no_progress(tmp_path, capsys, monkeypatch):
@@ -286,8 +286,8 @@ def test_run_shows_a_bar_on_a_terminal(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(["run", "copy-baselines", "--scale", "smoke", "--models", "lstm", "--out", str(tmp_path / "a")]) == 0
     shown = terminal.getvalue()
-    assert "copy-baselines: lstm on copy, seed 0: " in shown and "3/3" in shown and "\r" in shown  # tqdm's bar
-    assert shown.rstrip().splitlines()[-1].startswith("copy-baselines: lstm on copy, seed 0: done, 3 steps")
+    assert "lstm on copy, seed 0" in shown and "3/3" in shown and "\r" in shown  # tqdm's bar
+    assert shown.rstrip().splitlines()[-1].startswith("lstm on copy, seed 0: done, 3 steps")
 
 
 @pytest.mark.parametrize(
@@ -342,7 +342,8 @@ def test_tour_takes_no_model_list(tmp_path, capsys):
 def test_train_flags_are_built_from_train_config(tmp_path, capsys):
     import dataclasses
 
-    from chronomem.cli import config_flag, make_parser
+    from chronomem.cli import make_parser
+    from chronomem.config import config_flag
     from chronomem.train import TrainConfig
     from chronomem.train.loop import SCHEDULES
 

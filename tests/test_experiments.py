@@ -134,7 +134,7 @@ def test_run_experiment_checks_scale_and_budget(tmp_path):
 
 
 def fake_experiment(name: str, calls: list) -> Experiment:
-    def run(scale, out, seed, models=None, time_budget=None):
+    def run(scale, out, seed, models=None, time_budget=None, progress=True):
         calls.append((name, scale, time_budget))
         return {"results": {"m": {"short": 10.0, "long": 20.0}}, "config": {"scale": scale}}
 

@@ -12,7 +12,6 @@ from chronomem.layers import (
     MultiHeadAttention,
     RecurrentState,
     SelfAttentionBlock,
-    build_config,
     causal_mask,
     masked_mean,
     pad_to_multiple,
@@ -204,18 +203,6 @@ def test_check_token_ids():
         check_token_ids(torch.zeros(1, 3), "inputs", 5)
     with pytest.raises(ValueError, match="batch size >= 1"):
         check_token_ids(torch.zeros(0, 3, dtype=torch.long), "inputs", 5)
-
-
-def test_build_config():
-    @dataclasses.dataclass
-    class Config:
-        dim: int = 4
-        heads: int = 2
-
-    assert build_config(Config, None, {"dim": 8}) == Config(8, 2)
-    assert build_config(Config, Config(6, 3), {"heads": 1}) == Config(6, 1)
-    with pytest.raises(TypeError, match="unknown"):
-        build_config(Config, None, {"width": 3})
 
 
 def test_state_select_and_concat_split_and_join_the_batch():

@@ -97,9 +97,9 @@ def test_record_gif_streams_upscaled_frames_and_shows_progress(tmp_path, monkeyp
     pytest.importorskip("gymnasium")
     import tracemalloc
 
+    from chronomem import progress
     from chronomem.rl import evaluate as ev
     from chronomem.rl import gif as gif_module
-    from chronomem.rl import progress
 
     agent = tiny_agent(BALLET)
     renders, appended = [0], []
@@ -140,16 +140,16 @@ def test_record_gif_streams_upscaled_frames_and_shows_progress(tmp_path, monkeyp
     back, delays, _ = read_gif(tmp_path / "ballet.gif")
     assert back.shape == (frames, 540, 495, 3) and set(delays) == {120}  # Ballet's 108 x 99 px, x5
     err = capsys.readouterr().err
-    assert f"GIF of {BALLET}: episode 0/1, 1 steps in" in err and f"GIF of {BALLET}: done, episode 1/1, 60 steps" in err
+    assert f"GIF of {BALLET}: episode 0/1 (0%), steps 1," in err and f"GIF of {BALLET}: done, 1 episodes in" in err
+    assert err.rstrip().endswith("steps 60")
     ev.record_gif(agent, BALLET, tmp_path / "quiet.gif", progress=False, max_episode_steps=5)
     assert capsys.readouterr().err == ""
 
 
 def test_evaluate_shows_progress_over_episodes_and_steps(monkeypatch, capsys):
     pytest.importorskip("gymnasium")
-    from chronomem.rl import progress
+    from chronomem import progress
     from chronomem.rl.evaluate import evaluate
-    from chronomem.train.progress import reporting
 
     agent = tiny_agent(CUE)
     result = evaluate(agent, CUE, episodes=3, num_envs=2)
@@ -157,13 +157,8 @@ def test_evaluate_shows_progress_over_episodes_and_steps(monkeypatch, capsys):
     monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)
     evaluate(agent, CUE, episodes=3, num_envs=2)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0].startswith(f"evaluating on {CUE}: episode 0/3, 2 steps in")
-    assert any(line.startswith(f"evaluating on {CUE}: episode 3/3,") for line in lines)
-    assert lines[-1].startswith(f"evaluating on {CUE}: done, episode 3/3,")
+    assert lines[0].startswith(f"evaluating on {CUE}: episode 0/3 (0%), steps 2,")
+    assert any(line.startswith(f"evaluating on {CUE}: episode 3/3 (100%),") for line in lines)
+    assert lines[-1].startswith(f"evaluating on {CUE}: done, 3 episodes in")
     evaluate(agent, CUE, episodes=3, num_envs=2, progress=False)
-    with reporting(False):
-        evaluate(agent, CUE, episodes=3, num_envs=2)
     assert capsys.readouterr().err == ""
-    with reporting(True, label="ballet-rl"):  # an experiment's block decides, and prefixes its name
-        evaluate(agent, CUE, episodes=1, num_envs=1, progress=False)
-    assert capsys.readouterr().err.startswith(f"ballet-rl: evaluating on {CUE}: episode 0/1")

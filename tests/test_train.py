@@ -652,25 +652,25 @@ def test_load_run_errors_are_clear(tmp_path):
         load_run(tmp_path / "bare")
 
 
-def test_a_tasks_own_progress_follows_the_run(tmp_path):
-    # A task that generates its data at the first batch (ListOps) asks progress.wanted whether to show
-    # it: inside train() the answer is the run's own setting, so --no-progress silences it too.
-    from chronomem.train import progress
+def test_an_experiment_passes_its_progress_down(tmp_path, capsys, monkeypatch):
+    # run_experiment(progress=...) reaches every run, evaluation and data generator of the experiment
+    # explicitly (no global switch): silent, nothing on stderr; shown, every run's lines.
+    from chronomem import progress
+    from chronomem.experiments.base import run_experiment
+    from chronomem.registry import get_experiment
 
-    class Asking(CopyTask):
-        def sample(self, *args, **kwargs):
-            asked.append(progress.wanted(True)[0])
-            return super().sample(*args, **kwargs)
-
-    for shown in (False, True):
-        asked = []
-        train(make_model(), Asking(seq_len=4, copy_len=2),
-              config(tmp_path / str(shown), steps=2, progress=shown, eval_examples=8))
-        assert asked and set(asked) == {shown}
+    monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)  # every evaluation counts as a long one
+    experiment = get_experiment("copy-baselines")
+    run_experiment(experiment, "smoke", tmp_path / "quiet", models=["lstm"], progress=False)
+    assert capsys.readouterr().err == ""
+    run_experiment(experiment, "smoke", tmp_path / "shown", models=["lstm"], progress=True)
+    err = capsys.readouterr().err
+    assert "lstm on copy, seed 0: step 1/" in err and "lstm on copy, seed 0: done, " in err
+    assert "evaluating on the test split of copy: done, " in err
 
 
 def test_a_long_evaluation_shows_its_progress(capsys, monkeypatch):
-    from chronomem.train import progress
+    from chronomem import progress
 
     monkeypatch.setattr(progress, "LINE_INTERVAL", 0.0)  # every evaluation counts as a long one
     task = CopyTask(seq_len=4, copy_len=2)
@@ -678,6 +678,4 @@ def test_a_long_evaluation_shows_its_progress(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "evaluating on the test split of copy: example 4/8" in err and "done, 8 examples" in err
     loop.evaluate(make_model(), task, batch_size=4, num_examples=8, progress=False)
-    with progress.reporting(False):
-        loop.evaluate(make_model(), task, batch_size=4, num_examples=8)
     assert capsys.readouterr().err == ""

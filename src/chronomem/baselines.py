@@ -42,12 +42,12 @@ from chronomem.checks import (
     check_tensor,
     parameter_dtype,
 )
+from chronomem.config import build_config
 from chronomem.layers import (
     FeedForward,
     RecurrentState,
     RelativeAttention,
     SelfAttentionBlock,
-    build_config,
     merge_masks,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,

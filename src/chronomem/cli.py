@@ -10,9 +10,9 @@ import math
 import shutil
 import sys
 import textwrap
-import types
-import typing
 from pathlib import Path
+
+from chronomem.config import add_config_flags, config_flag, given_config, resumable_fields
 
 
 def _parse_options(pairs: list[str], flag: str) -> dict:
@@ -43,85 +43,6 @@ def cmd_list(args) -> int:
         print(textwrap.fill(" ".join(EXPERIMENTS[name].description.split()), width,
                             initial_indent=f"  {name:19s} ", subsequent_indent=" " * 22))
     return 0
-
-
-def config_flag(field: dataclasses.Field) -> str:
-    """The flag of a config field: ``--name-with-dashes``, ``--no-name`` for a switch that is on by default."""
-    name = field.name.replace("_", "-")
-    return f"--no-{name}" if field.default is True else f"--{name}"
-
-
-def _flag_type(hint: typing.Any, name: str) -> dict[str, typing.Any]:
-    """argparse's ``type`` (and ``nargs``) for a field annotated ``hint``: int, float, str, ``X | None``
-    (None is the flag not given) or a fixed-length tuple."""
-    present = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(present) == 1:
-        hint = present[0]
-    if typing.get_origin(hint) is tuple and len(set(typing.get_args(hint))) == 1:
-        return {"type": typing.get_args(hint)[0], "nargs": len(typing.get_args(hint))}
-    if hint in (int, float, str):
-        return {"type": hint}
-    raise TypeError(f"config field {name!r}: no command-line flag for its type {hint}")
-
-
-def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
-    """One flag per field of the dataclass ``config`` (fields made with ``chronomem.train.loop.setting``):
-    type from the annotation; help, choices and aliases from the field's metadata; the field's default
-    shown in the help. Every flag's own default is None, so that a flag not given is told apart from
-    one given with the default value (``--resume`` needs to know); the dataclass supplies the default."""
-    hints = typing.get_type_hints(config)
-    for field in dataclasses.fields(config):
-        meta, flags = field.metadata, (config_flag(field), *field.metadata.get("aliases", ()))
-        if hints[field.name] is bool:  # a switch: --name turns it on, --no-name off
-            help = f"do not {meta['help']}" if field.default else meta.get("help")
-            parser.add_argument(*flags, dest=field.name, action="store_const", const=not field.default,
-                                default=None, help=help)
-            continue
-        default = " ".join(map(str, field.default)) if isinstance(field.default, tuple) else field.default
-        shown = "" if default is None else f" (default {default})"
-        parser.add_argument(*flags, dest=field.name, default=None, choices=meta.get("choices"),
-                            help=meta.get("help", "") + shown, **_flag_type(hints[field.name], field.name))
-
-
-def given_config(args: argparse.Namespace, config: type) -> dict[str, typing.Any]:
-    """The fields of ``config`` given on the command line, as the config takes them."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(config) if getattr(args, f.name) is not None}
-    return {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
-
-
-def train_values(args: argparse.Namespace) -> dict[str, typing.Any]:
-    """The TrainConfig fields given to ``chronomem train``; ``--clip 0`` is ``clip=None`` (no clipping)."""
-    from chronomem.train import TrainConfig
-
-    values = given_config(args, TrainConfig)
-    return {**values, "clip": None} if values.get("clip") == 0 else values
-
-
-def resumable_fields() -> list[dataclasses.Field]:
-    """The TrainConfig fields ``--resume`` lets change: the length and the budget of the run, how often it
-    evaluates, logs and checkpoints, where it computes and whether it shows progress. None of them
-    changes a step's maths; any other setting of a resumed run comes from its config.json."""
-    from chronomem.train import TrainConfig
-
-    return [f for f in dataclasses.fields(TrainConfig) if f.metadata.get("resumable")]
-
-
-# The model's size flags -> build_model's keyword (its default is build_model's) and help.
-MODEL_FLAGS = {"--dim": ("dim", "width"), "--depth": ("depth", "layers"), "--heads": ("num_heads", "attention heads")}
-
-
-def model_defaults() -> dict[str, typing.Any]:
-    """``build_model``'s defaults of the model's size keywords (``MODEL_FLAGS``)."""
-    import inspect
-
-    from chronomem.heads import build_model
-
-    params = inspect.signature(build_model).parameters
-    return {key: params[key].default for key, _ in MODEL_FLAGS.values()}
-
-
-def _dest(flag: str) -> str:
-    return flag[2:].replace("-", "_")
 
 
 def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
@@ -188,85 +109,66 @@ def check_task_options(task: str, options: dict) -> None:
                          f"valid keys: {', '.join(params)}")
 
 
-def _resume_settings(args, saved: dict, run_dir: Path) -> None:
-    """Fail on a flag that would change the resumed run's model, task or optimisation (one line each)."""
-    from chronomem.train import TrainConfig
+def new_run_dir(out: str) -> Path:
+    """``--out`` of a new run: a directory the command can write, holding no run yet."""
+    from chronomem.train.resume import check_new_run
 
-    spec, train_cfg = saved["spec"], saved["train"]
+    path = check_out_dir(out)
+    check_new_run(path, flag="--out")
+    return path
+
+
+def _kept_spec(args, size: dict, spec: dict) -> dict[str, tuple]:
+    """What ``chronomem train --resume`` keeps besides the trainer's settings: ``flag -> (given, saved)``
+    of the model, task, size (``size``: the ``ModelSize`` fields given) and options given."""
+    from chronomem.train import ModelSize
+    from chronomem.train.resume import NOT_SET
+
     model_options, task_options = spec.get("model_options", {}), spec.get("task_options", {})
-    given = {}  # each flag given -> (its value, the saved value)
-    for flag, value, saved_value in [("--model", args.model, spec.get("model")),
-                                     ("--task", args.task, spec.get("task"))]:
-        if value is not None:
-            given[flag] = (value, saved_value)
-    for flag, (key, _) in MODEL_FLAGS.items():
-        if getattr(args, _dest(flag)) is not None:
-            given[flag] = (getattr(args, _dest(flag)), model_options.get(key))
-    values, resumable = train_values(args), {f.name for f in resumable_fields()}
-    for field in dataclasses.fields(TrainConfig):
-        if field.name in values and field.name not in resumable and field.name != "out":  # --out: below
-            saved_value = train_cfg.get(field.name)
-            given[config_flag(field)] = (values[field.name], tuple(saved_value) if isinstance(saved_value, list)
-                                         else saved_value)
-    for flag, saved_options in (("--model-opt", model_options), ("--task-opt", task_options)):
-        for key, value in _parse_options(getattr(args, _dest(flag)), flag).items():
-            given[f"{flag} {key}"] = (value, saved_options.get(key, "(not set)"))
-    for flag, (value, saved_value) in given.items():
-        if value != saved_value:
-            shown = "0 (no clipping)" if flag == "--clip" and value is None else value
-            raise ValueError(
-                f"{flag} {shown} differs from the resumed run's saved value {saved_value} ({run_dir / 'config.json'}); "
-                f"with --resume only {', '.join(config_flag(f) for f in resumable_fields())} may change"
-            )
-    if args.out is not None and Path(args.out).resolve() != run_dir.resolve():
-        raise ValueError(f"--out {args.out}: a resumed run writes only into its own directory, {run_dir}; "
-                         "leave --out out (copy the run directory to continue a copy elsewhere)")
+    kept = {}
+    if args.model is not None:
+        kept["--model"] = (args.model, spec.get("model"))
+    if args.task is not None:
+        kept["--task"] = (args.task, spec.get("task"))
+    flags = {f.name: config_flag(f) for f in dataclasses.fields(ModelSize)}
+    kept.update({flags[name]: (value, model_options.get(name)) for name, value in size.items()})
+    for flag, pairs, saved in (("--model-opt", args.model_opt, model_options),
+                               ("--task-opt", args.task_opt, task_options)):
+        for key, value in _parse_options(pairs, flag).items():
+            kept[f"{flag} {key}"] = (value, saved.get(key, NOT_SET))
+    return kept
 
 
 def cmd_train(args) -> int:
-    from chronomem.train import TrainConfig, train_spec
-    from chronomem.train.checkpoint import check_new_run, load_config, locate_run
+    from chronomem.train import ModelSize, TrainConfig, train_spec
+    from chronomem.train.resume import find_run, resumed_settings
 
-    values = train_values(args)
+    values, size = given_config(args, TrainConfig), given_config(args, ModelSize)
     if args.resume:
-        # The run directory is the one given (or the one holding the checkpoint given), never the `out`
-        # saved in its config: a moved or copied run continues where it now is, and no other run is touched.
-        run_dir, checkpoint = locate_run(Path(args.resume))
-        saved = load_config(run_dir)
-        _resume_settings(args, saved, run_dir)
-        spec, train_cfg = saved["spec"], dict(saved["train"])
-        train_cfg.update({f.name: values[f.name] for f in resumable_fields() if f.name in values})
-        # progress belongs to this command, not to the run: shown unless --no-progress is given again
-        train_cfg.update(out=str(run_dir), progress=values.get("progress", True))
-        cfg = TrainConfig(**train_cfg)
+        run = find_run(args.resume)
+        spec = run.config["spec"]
+        cfg = resumed_settings(run, TrainConfig, run.config["train"], values, _kept_spec(args, size, spec))
         check_device(cfg.device)
-        result = train_spec(spec, cfg, resume=checkpoint or run_dir)  # killed before its first checkpoint: restarts
+        result = train_spec(spec, cfg, resume=run)  # killed before its first checkpoint: restarts
     else:
         if not args.model or not args.task:
             raise ValueError("chronomem train needs --model NAME and --task NAME (or --resume DIR)")
         from chronomem.registry import get_model, get_task
 
         get_model(args.model), get_task(args.task)  # unknown names fail here, listing the valid ones
-        size = model_defaults()
-        size.update({key: getattr(args, _dest(flag)) for flag, (key, _) in MODEL_FLAGS.items()
-                     if getattr(args, _dest(flag)) is not None})
-        dim, depth, heads = size["dim"], size["depth"], size["num_heads"]
-        if dim < 1 or depth < 1 or heads < 1:
-            raise ValueError(f"--dim, --depth and --heads must be >= 1, got {dim}, {depth}, {heads}")
-        if dim % heads:
-            raise ValueError(f"--heads={heads} must divide --dim={dim}")
+        size = ModelSize(**size)
         task_options = _parse_options(args.task_opt, "--task-opt")
         check_task_options(args.task, task_options)
         spec = {
             "model": args.model,
-            "model_options": {**size, **_parse_options(args.model_opt, "--model-opt")},
+            "model_options": {**dataclasses.asdict(size), **_parse_options(args.model_opt, "--model-opt")},
             "task": args.task,
             "task_options": task_options,
         }
         cfg = TrainConfig(**values)
         check_device(cfg.device)
         if args.out is not None:
-            check_new_run(check_out_dir(args.out), flag="--out")
+            new_run_dir(args.out)
         result = train_spec(spec, cfg)
     print(json.dumps({"steps": result.steps, "seconds": round(result.seconds, 2), **result.metrics}))
     return 0
@@ -292,45 +194,20 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def _rl_resume_settings(values: dict, core_options: dict, saved: dict, run_dir: Path) -> None:
-    """Fail on a flag of ``chronomem rl train --resume`` that would change the resumed run."""
-    from chronomem.rl.ppo import Args
-
-    resumable = [f for f in dataclasses.fields(Args) if f.metadata.get("resumable")]
-    allowed = {f.name for f in resumable}
-    given = {config_flag(f): (values[f.name], saved["args"].get(f.name)) for f in dataclasses.fields(Args)
-             if f.name in values and f.name not in allowed and f.name != "out"}
-    saved_options = saved.get("core_options", {})
-    given.update({f"--core-opt {key}": (value, saved_options.get(key, "(not set)"))
-                  for key, value in core_options.items()})
-    for flag, (value, saved_value) in given.items():
-        if value != saved_value:
-            raise ValueError(f"{flag} {value} differs from the resumed run's saved value {saved_value} "
-                             f"({run_dir / 'config.json'}); with --resume only "
-                             f"{', '.join(config_flag(f) for f in resumable)} may change")
-    if values.get("out") is not None and Path(values["out"]).resolve() != run_dir.resolve():
-        raise ValueError(f"--out {values['out']}: a resumed run writes only into its own directory, {run_dir}; "
-                         "leave --out out (copy the run directory to continue a copy elsewhere)")
-
-
 def cmd_rl_train(args) -> int:
     from chronomem.envs.make import check_env_id
     from chronomem.rl.ppo import Args, train
-    from chronomem.train.checkpoint import CheckpointError, check_new_run, load_config, locate_run
+    from chronomem.train.resume import NOT_SET, find_run, resumed_settings
 
     values = given_config(args, Args)
     core_options = _parse_options(args.core_opt, "--core-opt")
-    if args.resume:
-        # As chronomem train: the run continues where its directory now is, with its saved settings.
-        run_dir, checkpoint = locate_run(Path(args.resume))
-        saved = load_config(run_dir)
-        if saved.get("kind") != "ppo":
-            raise CheckpointError(f"{run_dir / 'config.json'} is not a PPO run (written by chronomem rl train)")
-        _rl_resume_settings(values, core_options, saved, run_dir)
-        merged = {**saved["args"], **{k: v for k, v in values.items() if k != "out"}}
-        ppo_args = Args(**{**merged, "out": str(run_dir), "progress": values.get("progress", True)})
+    if args.resume:  # as chronomem train: the run continues where its directory now is, with its saved settings
+        run = find_run(args.resume, kind="ppo")
+        saved_options = run.config.get("core_options", {})
+        kept = {f"--core-opt {key}": (value, saved_options.get(key, NOT_SET)) for key, value in core_options.items()}
+        ppo_args = resumed_settings(run, Args, run.config["args"], values, kept)
         check_device(ppo_args.device)
-        result = train(ppo_args, saved.get("core_options", {}), resume=checkpoint or run_dir)
+        result = train(ppo_args, saved_options, resume=run)
     else:
         from chronomem.registry import get_model
 
@@ -339,7 +216,7 @@ def cmd_rl_train(args) -> int:
         get_model(ppo_args.core)  # an unknown name fails here, listing the valid ones
         check_device(ppo_args.device)
         if ppo_args.out is not None:
-            check_new_run(check_out_dir(ppo_args.out), flag="--out")
+            new_run_dir(ppo_args.out)
         result = train(ppo_args, core_options)
     last = result.history[-1] if result.history else {}
     print(json.dumps({"frames": result.frames, "seconds": round(result.seconds, 2),
@@ -402,10 +279,10 @@ def cmd_run(args) -> int:
     if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
     experiment = get_experiment(args.experiment)
-    if args.resume is not None and args.out is not None and Path(args.out).resolve() != Path(args.resume).resolve():
-        raise ValueError(f"--out {args.out}: a resumed run writes only into its own directory, {args.resume}; "
-                         "leave --out out")
     if args.resume is not None:
+        from chronomem.train.resume import check_own_directory
+
+        check_own_directory(args.out, args.resume)
         out = check_out_dir(args.resume, "--resume")
     else:
         out = check_out_dir(args.out) if args.out else check_out_dir(fresh_run_dir(Path("runs") / args.experiment))
@@ -577,9 +454,9 @@ def make_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _train_flags(t: argparse.ArgumentParser) -> None:
-    from chronomem.train import TrainConfig
+    from chronomem.train import ModelSize, TrainConfig
 
-    resumable = ", ".join(config_flag(f) for f in resumable_fields())
+    resumable = ", ".join(config_flag(f) for f in resumable_fields(TrainConfig))
     t.description = ("Train one model on one task. With --resume DIR the run continues in DIR (a run directory "
                      f"or one of its checkpoints/step_N) with its saved settings; only {resumable} and --threads "
                      "may be given, any other flag must match the saved value.")
@@ -587,9 +464,7 @@ def _train_flags(t: argparse.ArgumentParser) -> None:
     t.add_argument("--task", help="task name (chronomem list)")
     t.add_argument("--model-opt", action="append", metavar="KEY=VALUE", help="backbone option, repeatable")
     t.add_argument("--task-opt", action="append", metavar="KEY=VALUE", help="task option, repeatable")
-    defaults = model_defaults()
-    for flag, (key, what) in MODEL_FLAGS.items():
-        t.add_argument(flag, type=int, help=f"{what} (default {defaults[key]})")
+    add_config_flags(t, ModelSize)
     add_config_flags(t, TrainConfig)
     t.add_argument("--resume", metavar="DIR", help=RESUME_HELP)
     add_threads_flag(t)
@@ -622,7 +497,7 @@ def _rl_flags(agents: argparse.ArgumentParser) -> None:
     from chronomem.rl.ppo import Args
 
     rl_sub = agents.add_subparsers(dest="rl_command", required=True)
-    rl_resumable = ", ".join(config_flag(f) for f in dataclasses.fields(Args) if f.metadata.get("resumable"))
+    rl_resumable = ", ".join(config_flag(f) for f in resumable_fields(Args))
     rt = rl_sub.add_parser(
         "train", help="train an agent with PPO on a Gymnasium environment",
         description="Train an agent (an encoder, a causal core as memory, policy and value heads) with "

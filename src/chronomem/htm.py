@@ -95,12 +95,12 @@ from chronomem.checks import (
     check_tensor,
     parameter_dtype,
 )
+from chronomem.config import build_config
 from chronomem.layers import (
     FeedForward,
     MultiHeadAttention,
     RecurrentState,
     RelativeAttention,
-    build_config,
     sinusoid_encoding,
     variance_scaling_,
 )

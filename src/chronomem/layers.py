@@ -1,4 +1,4 @@
-"""Shared primitives: attention over SDPA, feed-forward, position encodings, masks, state and config.
+"""Shared primitives: attention over SDPA, feed-forward, position encodings, masks and state.
 
 Every model in chronomem is built from these pieces, so each idea is written once:
 
@@ -13,7 +13,6 @@ Every model in chronomem is built from these pieces, so each idea is written onc
 * ``sinusoid_encoding``: sin and cos halves concatenated, optionally with reversed positions.
 * Mask and padding helpers; the argument checks are ``chronomem.checks``.
 * ``RecurrentState``: ``detach()`` and ``reset(done)`` for dataclass states of batch-first tensors.
-* ``build_config``: the keyword-or-``Config`` constructor convention.
 
 Input rules shared by every public module (each checks its inputs at its entry with ``check_tensor``
 or ``check_token_ids``, so a bad input never fails inside a matmul):
@@ -542,19 +541,3 @@ def concat_states(states: Sequence[Any]):
     if len(kinds) != 1:
         raise TypeError(f"states must all be of one type, got {sorted(k.__name__ for k in kinds)}")
     return _zip_tensors(states, lambda ts: torch.cat(ts, dim=0))
-
-
-def build_config(config_cls, config: Any, kwargs: dict[str, Any]):
-    """The constructor convention: ``Module(**kwargs)`` or ``Module(config=Module.Config(...))``.
-
-    Unknown keywords raise ``TypeError`` listing the accepted ones.
-    """
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(kwargs) - names)
-    if unknown:
-        raise TypeError(f"unknown argument(s) {unknown}; expected some of {sorted(names)}")
-    if config is None:
-        return config_cls(**kwargs)
-    if not isinstance(config, config_cls):
-        raise TypeError(f"config must be a {config_cls.__qualname__}, got {type(config).__name__}")
-    return dataclasses.replace(config, **kwargs)

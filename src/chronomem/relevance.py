@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from chronomem.checks import check_done, check_mask, check_positive, check_state_batch, check_tensor, parameter_dtype
-from chronomem.layers import RecurrentState, build_config, clear_rows
+from chronomem.config import build_config
+from chronomem.layers import RecurrentState, clear_rows
 from chronomem.registry import register_model
 
 NONLINEARITIES = ("tanh", "modrelu", "relu")

@@ -97,11 +97,11 @@ from chronomem.checks import (
     check_tensor,
     parameter_dtype,
 )
+from chronomem.config import build_config
 from chronomem.layers import (
     CrossAttentionBlock,
     RecurrentState,
     SelfAttentionBlock,
-    build_config,
     sinusoid_encoding,
     split_chunks,
 )

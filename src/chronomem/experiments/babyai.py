@@ -191,10 +191,11 @@ class Job:
     progress: bool
 
 
-def load_task(s: BabyAIScale, workers: int = 1):
+def load_task(s: BabyAIScale, workers: int = 1, progress: bool = False):
     from chronomem.tasks.babyai import BabyAIDemos, load_demos
 
-    return BabyAIDemos([load_demos(level, s.demos, 0, cache_dir(), workers) for level in s.levels], s.held_out)
+    demos = [load_demos(level, s.demos, 0, cache_dir(), workers, progress) for level in s.levels]
+    return BabyAIDemos(demos, s.held_out)
 
 
 def run_job(job: Job) -> dict[str, Any]:
@@ -225,20 +226,18 @@ def run_job(job: Job) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in policy.parameters())}
 
 
-def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, *, scales: dict[str, BabyAIScale],
-         name: str) -> dict:
+def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, progress: bool = True, *,
+         scales: dict[str, BabyAIScale], name: str) -> dict:
     import time
 
     from chronomem.experiments.rl_runs import check_no_time_budget
-    from chronomem.train.progress import wanted
 
     check_no_time_budget(name, time_budget)
     s = scales[scale]
     chosen = select_models(MODELS, models, name)
     start = time.perf_counter()
-    task = load_task(s, s.workers)  # generate (or read) the demos once, in parallel
+    task = load_task(s, s.workers, progress)  # generate (or read) the demos once, in parallel
     demo_seconds = time.perf_counter() - start
-    progress = wanted(True)[0]
     jobs = [Job(model, seed + i, s, str(Path(out) / "runs" / model / f"seed_{seed + i}"), progress)
             for model in chosen for i in range(s.seeds)]
     if s.workers > 1 and len(jobs) > 1:
@@ -340,8 +339,8 @@ def _experiment(name: str, scales: dict[str, BabyAIScale], what: str) -> Experim
         description=f"Behaviour cloning on BabyAI bot demos ({what}): Transformer vs Transformer + TLB of the same "
                     "width and depth; success rate by acting, mean over seeds, at every evaluation step "
                     "(success.png: the curves with seed bands).",
-        run=lambda scale, out, seed, models=None, time_budget=None: _run(
-            scale, out, seed, models, time_budget, scales=scales, name=name),
+        run=lambda scale, out, seed, models=None, time_budget=None, progress=True: _run(
+            scale, out, seed, models, time_budget, progress, scales=scales, name=name),
         metric="success rate (%) by acting, mean over seeds",
         paper_source="paper 003 Fig. 3 (curves only, no numbers to copy)",
         notes=CLAIM,

@@ -79,7 +79,7 @@ SCALES = {
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, resume: bool = False) -> dict:
+         time_budget: float | None = None, resume: bool = False, progress: bool = True) -> dict:
     check_no_time_budget("ballet-rl", time_budget)
     from chronomem.rl.evaluate import evaluate
 
@@ -93,9 +93,10 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
         per_seed, histories, info = [], [], []
         for run_seed in range(seed, seed + s.seeds):
             result = ppo_run(train_env, model, s.models[model], s.ppo, s.frames, run_seed,
-                             out / f"{model}-seed{run_seed}", progress=scale != "smoke", reuse=resume)
+                             out / f"{model}-seed{run_seed}", progress=progress and scale != "smoke", reuse=resume)
             success = {level: 100 * evaluate(result.agent, ballet_id(level, s.observation), s.eval_episodes,
-                                             seed=10_000 + run_seed, num_envs=min(16, s.eval_episodes))["success_rate"]
+                                             seed=10_000 + run_seed, num_envs=min(16, s.eval_episodes),
+                                             progress=progress)["success_rate"]
                        for level in s.levels}
             per_seed.append(success)
             histories.append(curve(result.history))

@@ -1,7 +1,9 @@
 """An experiment reproduces one paper table: typed scales, the paper's numbers, and a runner.
 
-``Experiment.run(scale, out, seed, models=None, time_budget=None)`` trains and evaluates the scale's
-models (or only the ones named in ``models``, checked with ``select_models``), and returns::
+``Experiment.run(scale, out, seed, models=None, time_budget=None, progress=True)`` trains and evaluates
+the scale's models (or only the ones named in ``models``, checked with ``select_models``), showing the
+progress of every run, evaluation and data generator it starts when ``progress`` (passed down
+explicitly: ``chronomem.progress``), and returns::
 
     {"results": {model: {setting: value}}, "config": {...}, "extra": {...optional...}}
 
@@ -54,16 +56,17 @@ class Scale:
     clip: float | None = 1.0  # gradient-norm clipping (None: none)
     eval_examples: int  # test examples per evaluated setting
 
-    def train_config(self, seed: int, time_budget: float | None = None, **options):
+    def train_config(self, seed: int, time_budget: float | None = None, progress: bool = False, **options):
         """The trainer's settings of one run at this scale; ``options`` override them (a model's own
         optimiser). With ``time_budget`` (seconds) the run also stops at that time, and a decaying
         schedule anneals over whichever of the steps and the budget ends first, so a run the clock
-        cuts short still ends at lr 0 (Li et al. 2020, "Budgeted training")."""
+        cuts short still ends at lr 0 (Li et al. 2020, "Budgeted training"). ``progress``: the run shows
+        its progress (``run_experiment(progress=...)`` passes it down)."""
         from chronomem.train import TrainConfig
 
         settings = dict(steps=self.steps, batch_size=self.batch_size, lr=self.lr, optimizer=self.optimizer,
                         schedule=self.schedule, warmup=self.warmup, clip=self.clip,
-                        eval_examples=self.eval_examples, seed=seed, progress=False)
+                        eval_examples=self.eval_examples, seed=seed, progress=progress)
         settings.update(options)
         annealed = time_budget is not None and settings["schedule"] != "constant"
         return TrainConfig(**settings, time_budget=time_budget, anneal_by="budget" if annealed else "steps")
@@ -73,7 +76,7 @@ class Scale:
 class Experiment:
     name: str
     description: str
-    run: Callable[..., dict]  # run(scale, out, seed, models=None, time_budget=None) -> dict
+    run: Callable[..., dict]  # run(scale, out, seed, models=None, time_budget=None, progress=True) -> dict
     paper: Table = field(default_factory=dict)
     metric: str = "test accuracy (%)"
     paper_source: str = ""
@@ -112,8 +115,9 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
                    resume: bool = False) -> dict:
     """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs.
 
-    ``progress``: every training run (each model and seed) shows its progress on stderr and ends with a
-    summary line (``chronomem.train.progress``), whatever its own ``TrainConfig.progress``.
+    ``progress``: passed to ``experiment.run``, which passes it to every training run (each model and
+    seed), evaluation and data generator: each shows its progress on stderr and ends with a summary line
+    (``chronomem.progress``), or all stay silent.
     ``time_budget``: seconds of training per model (an equal wall-clock comparison); each model stops at
     the budget or at its scale's step count, whichever comes first. None (the default): step counts
     only, so the same seed gives the same metrics on any machine. ``data_dir``: where an experiment
@@ -121,8 +125,6 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     ``data_dir`` rejects it. ``resume``: continue an interrupted run of the same experiment, scale and
     seed in ``out``, reusing the runs (model and seed) it finished; only experiments whose ``run`` takes
     ``resume`` (the RL ones, whose runs take hours) offer it."""
-    from chronomem.train.progress import reporting
-
     if scale not in experiment.scales:
         raise ValueError(f"scale of {experiment.name} must be one of {experiment.scales}, got {scale!r}")
     if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
@@ -145,9 +147,8 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     try:
-        with reporting(progress, label=experiment.name):
-            produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models),
-                                      time_budget=time_budget, **options)
+        produced = experiment.run(scale, out, seed, models=None if models is None else tuple(models),
+                                  time_budget=time_budget, progress=progress, **options)
     except Exception:
         if created and not any(out.iterdir()):  # e.g. an unknown --models name: leave no empty directory
             out.rmdir()
@@ -233,7 +234,7 @@ def train_and_evaluate(model: str, task, model_options: dict, train_config, eval
     if eval_tasks:
         bs = train_config.eval_batch_size or train_config.batch_size
         row["eval"] = {
-            name: evaluate(result.model, t, bs, train_config.eval_examples)["accuracy"]
+            name: evaluate(result.model, t, bs, train_config.eval_examples, progress=train_config.progress)["accuracy"]
             for name, t in eval_tasks.items()
         }
     return row

@@ -46,7 +46,7 @@ SCALES = {
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None) -> dict:
+         time_budget: float | None = None, progress: bool = True) -> dict:
     s = SCALES[scale]
     configs = {m: dict(MODELS[m]) for m in select_models(MODELS, models, "copy-baselines")}
     if "transformer-xl" in configs:
@@ -54,7 +54,8 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     task = CopyTask(seq_len=s.seq_len)
     results, extra = {}, {}
     for model, options in configs.items():
-        row = train_and_evaluate(model, task, options, s.train_config(seed, time_budget, optimizer=optimizer(model)))
+        config = s.train_config(seed, time_budget, progress, optimizer=optimizer(model))
+        row = train_and_evaluate(model, task, options, config)
         results[model] = {f"T={s.seq_len}": row["accuracy"]}
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
     return {"results": results, "config": {"scale": asdict(s), "models": configs}, "extra": extra}

@@ -85,7 +85,7 @@ BALLET_SCALES = {
 
 
 def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-            time_budget: float | None = None) -> dict:
+            time_budget: float | None = None, progress: bool = True) -> dict:
     s = BALLET_SCALES[scale]
     models = select_models(s.models, models, "ballet")
     task = get_task("ballet")(level="mixed", levels=s.train_levels, questions=s.questions)
@@ -95,7 +95,7 @@ def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = N
         # The class is read at the cue (a classifier's last step, or the tagger's question steps),
         # after the model has streamed the episode.
         options = dict(s.models[model], pooling="last")
-        row = train_and_evaluate(model, task, options, s.train_config(seed, time_budget), eval_tasks=levels)
+        row = train_and_evaluate(model, task, options, s.train_config(seed, time_budget, progress), eval_tasks=levels)
         results[model] = row["eval"]
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
         extra[model]["accuracy_on_training_mixture"] = row["accuracy"]
@@ -159,7 +159,7 @@ PAI_SCALES = {
 
 
 def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None) -> dict:
+         time_budget: float | None = None, progress: bool = True) -> dict:
     s = PAI_SCALES[scale]
     pai = lambda query: get_task("pai")(n_triplets=s.n_triplets, item_dim=s.item_dim, query=query)
     # MEMO's data (used unmodified by paper 001, App. B.4) trains on AB, BC and AC trials alike and
@@ -188,7 +188,7 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     configs = {m: configs[m] for m in select_models(configs, models, "pai")}
     results, extra = {}, {}
     for model, options in configs.items():
-        row = train_and_evaluate(model, task, options, s.train_config(seed, time_budget), eval_tasks=evals)
+        row = train_and_evaluate(model, task, options, s.train_config(seed, time_budget, progress), eval_tasks=evals)
         results[model] = row["eval"]
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
         extra[model]["accuracy_on_training_mixture"] = row["accuracy"]

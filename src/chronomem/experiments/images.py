@@ -87,8 +87,8 @@ class ImageScale(Scale):
     seeds: int = 1
     eval_batch_size: int = 50
 
-    def train_config(self, seed: int, time_budget: float | None = None, **options):
-        return super().train_config(seed, time_budget, **{"betas": self.betas, "eps": self.eps,
+    def train_config(self, seed: int, time_budget: float | None = None, progress: bool = False, **options):
+        return super().train_config(seed, time_budget, progress, **{"betas": self.betas, "eps": self.eps,
                                                            "eval_batch_size": self.eval_batch_size, **options})
 
 
@@ -142,7 +142,7 @@ def paper_table(s: ImageScale) -> dict:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, data_dir: str | None = None) -> dict:
+         time_budget: float | None = None, data_dir: str | None = None, progress: bool = True) -> dict:
     s = SCALES[scale]
     rows = select_models(MODELS, models, "resolution-transfer")
     several = len(s.datasets) > 1
@@ -158,8 +158,9 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             accuracies: dict[str, list[float]] = {f"{k}x": [] for k in s.factors}
             for k in range(s.seeds):
                 run_seed = seed + k
-                got = train_and_evaluate(model, task, options, s.train_config(run_seed, time_budget, batch_size=batch),
-                                         eval_tasks=others, out=Path(out) / dataset / row / f"seed{run_seed}")
+                config = s.train_config(run_seed, time_budget, progress, batch_size=batch)
+                got = train_and_evaluate(model, task, options, config, eval_tasks=others,
+                                         out=Path(out) / dataset / row / f"seed{run_seed}")
                 accuracies["1x"].append(got["accuracy"])
                 for name, value in got.get("eval", {}).items():
                     accuracies[name].append(value)

@@ -102,8 +102,8 @@ class ListOpsScale(Scale):
     models: tuple[str, ...] = ALL_MODELS
     own: tuple[str, ...] = ()  # configured from PAPER_MODELS (their sources); the others from the fields
 
-    def train_config(self, seed: int, time_budget: float | None = None, **options):
-        return super().train_config(seed, time_budget, **{"betas": self.betas, "eps": self.eps, **options})
+    def train_config(self, seed: int, time_budget: float | None = None, progress: bool = False, **options):
+        return super().train_config(seed, time_budget, progress, **{"betas": self.betas, "eps": self.eps, **options})
 
 
 SCALES = {
@@ -165,15 +165,16 @@ def model_options(model: str, s: ListOpsScale) -> dict:
     raise ValueError(f"no ListOps settings for model {model!r}")
 
 
-def make_task(scale: str, seed: int) -> ListOpsTask:
-    return ListOpsTask(**asdict(SCALES[scale].data), seed=seed)
+def make_task(scale: str, seed: int, progress: bool = False) -> ListOpsTask:
+    return ListOpsTask(**asdict(SCALES[scale].data), seed=seed, progress=progress)
 
 
-def train_config(scale: str, seed: int, model: str | None = None, time_budget: float | None = None):
+def train_config(scale: str, seed: int, model: str | None = None, time_budget: float | None = None,
+                 progress: bool = False):
     """The trainer's settings of ``model`` at ``scale``: the scale's, or its source's optimiser and
     schedule for a model the scale configures from its source."""
     s = SCALES[scale]
-    return s.train_config(seed, time_budget, **(PAPER_MODELS[model]["train"] if model in s.own else {}))
+    return s.train_config(seed, time_budget, progress, **(PAPER_MODELS[model]["train"] if model in s.own else {}))
 
 
 def describe_optimizer(config) -> str:
@@ -198,10 +199,10 @@ def _available(model: str) -> bool:
 
 
 def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-               time_budget: float | None = None) -> dict:
+               time_budget: float | None = None, progress: bool = True) -> dict:
     s = SCALES[scale]
     models = select_models(s.models, models, "listops")
-    task = make_task(scale, seed)
+    task = make_task(scale, seed, progress)
     results, extra = {}, {"per_seed": {}, "runs": {}}
     for model in models:
         if not _available(model):
@@ -211,7 +212,7 @@ def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None 
         accuracies = []
         for k in range(s.seeds):
             run_seed = seed + k
-            row = train_and_evaluate(model, task, options, train_config(scale, run_seed, model, time_budget),
+            row = train_and_evaluate(model, task, options, train_config(scale, run_seed, model, time_budget, progress),
                                      out=Path(out) / model / f"seed{run_seed}")
             accuracies.append(row["accuracy"])
             extra["runs"][f"{model}/seed{run_seed}"] = {
@@ -243,8 +244,8 @@ def describe_data(task: ListOpsTask) -> dict:
 
 
 def _run_listops(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                 time_budget: float | None = None) -> dict:
-    return _train_all(scale, out, seed, models, time_budget)
+                 time_budget: float | None = None, progress: bool = True) -> dict:
+    return _train_all(scale, out, seed, models, time_budget, progress)
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,14 +301,14 @@ def _mean(values: list) -> float | str:
 
 
 def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                time_budget: float | None = None) -> dict:
+                time_budget: float | None = None, progress: bool = True) -> dict:
     out = Path(out)
     models = select_models(SCALES[scale].models, models, "listops-length")
     listops_dir = out.parent / "listops"
     runs = _trained_runs(listops_dir, scale, models)
     source = str(listops_dir)
     if runs is None:  # train them here (same settings as the listops experiment)
-        trained = _train_all(scale, out / "listops", seed, models, time_budget)
+        trained = _train_all(scale, out / "listops", seed, models, time_budget, progress)
         (out / "listops").mkdir(parents=True, exist_ok=True)
         (out / "listops" / "results.json").write_text(json.dumps({"scale": scale, **trained}, default=str))
         runs = _trained_runs(out / "listops", scale, models) or {}

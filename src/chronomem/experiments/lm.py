@@ -116,7 +116,7 @@ def generation_speed(net, n: int, seed: int) -> tuple[float, str]:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, data_dir: str | None = None) -> dict:
+         time_budget: float | None = None, data_dir: str | None = None, progress: bool = True) -> dict:
     from chronomem.heads import build_model
     from chronomem.tasks.text import TextTask
     from chronomem.train import train
@@ -135,7 +135,7 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             net = build_model(model, task, **options)
             spec = {"model": model, "model_options": options, "task": task.name,
                     "task_options": {k: v for k, v in task.describe().items() if k != "name"}}
-            cfg = s.train_config(run_seed, time_budget, out=str(out / model / f"seed{run_seed}"))
+            cfg = s.train_config(run_seed, time_budget, progress, out=str(out / model / f"seed{run_seed}"))
             result = train(net, task, cfg, spec=spec)
             bpb = net.evaluate_stream(test, s.eval_segment_len, s.eval_streams)["bits_per_token"]
             speed, sample = generation_speed(net, s.generate_bytes, run_seed)

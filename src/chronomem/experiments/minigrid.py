@@ -151,14 +151,12 @@ def refusal(model: str, scale: TransferScale) -> str | None:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, resume: bool = False) -> dict:
+         time_budget: float | None = None, resume: bool = False, progress: bool = True) -> dict:
     check_no_time_budget("minigrid-transfer", time_budget)
-    from chronomem.train.progress import wanted
 
     s = SCALES[scale]
     chosen = s.models if models is None else select_models(MODELS, models, "minigrid-transfer")
     refused = {m: reason for m in chosen if (reason := refusal(m, s)) is not None}
-    progress = wanted(True)[0]
     jobs = [Job(pair, model, seed + i, s, str(Path(out) / "runs" / pair / model / f"seed_{seed + i}"), progress,
                 resume)
             for pair in s.pairs for model in chosen if model not in refused for i in range(s.seeds)]

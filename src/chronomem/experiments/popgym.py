@@ -131,7 +131,7 @@ def paper_rows(envs: tuple[str, ...]) -> dict[str, dict[str, float]]:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, resume: bool = False) -> dict:
+         time_budget: float | None = None, resume: bool = False, progress: bool = True) -> dict:
     check_no_time_budget("popgym", time_budget)
     s = SCALES[scale]
     chosen = select_models(s.models, models, "popgym")
@@ -149,8 +149,8 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             scores, histories = [], []
             for run_seed in range(seed, seed + s.seeds):
                 result = ppo_run(env_id, model, s.models[model], s.ppo, s.frames, run_seed,
-                                 out / f"{model}-{_name(env_id)}-seed{run_seed}", progress=scale != "smoke",
-                                 reuse=resume)
+                                 out / f"{model}-{_name(env_id)}-seed{run_seed}",
+                                 progress=progress and scale != "smoke", reuse=resume)
                 scores.append(max_mean_return(result.history))
                 histories.append(curve(result.history))
                 runs.setdefault(model, []).append({

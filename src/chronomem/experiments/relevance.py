@@ -166,7 +166,7 @@ def run_capped(request: dict, timeout: float | None = None) -> dict:
 
 
 def _train(model: str, task, options: dict, s: RelevanceScale, seed: int, time_budget: float | None,
-           eval_examples: int | None = None):
+           progress: bool, eval_examples: int | None = None):
     """Train ``model`` on ``task``; its final test evaluation reads ``eval_examples`` (default the
     scale's) in batches of the scale's ``eval_batch``, as ``run_capped``'s evaluations do, so that
     the same test set gives the same accuracy in the run's summary line and in the table."""
@@ -176,7 +176,7 @@ def _train(model: str, task, options: dict, s: RelevanceScale, seed: int, time_b
     from chronomem.train import train
 
     eval_examples = eval_examples or s.eval_examples
-    cfg = s.train_config(seed, time_budget, eval_examples=eval_examples,
+    cfg = s.train_config(seed, time_budget, progress, eval_examples=eval_examples,
                          eval_batch_size=min(s.eval_batch, eval_examples))
     torch.manual_seed(seed)
     net = build_model(model, task, **options)
@@ -195,7 +195,7 @@ def _train(model: str, task, options: dict, s: RelevanceScale, seed: int, time_b
 
 
 def _run_transfer(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                  time_budget: float | None = None) -> dict:
+                  time_budget: float | None = None, progress: bool = True) -> dict:
     import torch
 
     from chronomem.tasks.copy import CopyTask
@@ -207,7 +207,7 @@ def _run_transfer(scale: str, out: Path, seed: int, models: tuple[str, ...] | No
     train_task = CopyTask(seq_len=s.train_T)
     results, peaks, deltas, info = {}, {}, {}, {}
     for model, options in configs.items():
-        net, info[model] = _train(model, train_task, options, s, seed, time_budget, s.eval.get(s.train_T))
+        net, info[model] = _train(model, train_task, options, s, seed, time_budget, progress, s.eval.get(s.train_T))
         weights = out / f"{model}.weights.pt"
         torch.save(net.state_dict(), weights)
         results[model], peaks[model], deltas[model] = {}, {}, {}
@@ -266,7 +266,7 @@ TRANSFER = register_experiment(
 
 
 def _run_denoise(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                 time_budget: float | None = None) -> dict:
+                 time_budget: float | None = None, progress: bool = True) -> dict:
     from chronomem.tasks.denoise import DenoiseTask
 
     s = DENOISE_SCALES[scale]
@@ -287,7 +287,7 @@ def _run_denoise(scale: str, out: Path, seed: int, models: tuple[str, ...] | Non
                 continue
             peaks[model][key] = probe["peak_rss_mb"]
             deltas[model][key] = probe["delta_rss_mb"]
-            _, row = _train(model, DenoiseTask(seq_len=T), options, s, seed, time_budget)
+            _, row = _train(model, DenoiseTask(seq_len=T), options, s, seed, time_budget, progress)
             results[model][key] = round(row.pop("train_T_accuracy"), 2)
             info[model][key] = row
     config = {"scale": asdict(s), "models": configs, "nu": 15, "rho": 15}

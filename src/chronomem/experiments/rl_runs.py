@@ -74,31 +74,30 @@ def finished_run(args, options: dict):
     """The ``PPOResult`` of the run in ``args.out`` if it finished with exactly these settings, else None.
 
     Finished: its config.json holds ``args`` (``out`` and ``progress`` aside: a run directory may have
-    been moved) and ``options``, and it has the
-    checkpoint of its last update. The agent is loaded from that checkpoint, the history from
-    metrics.csv, and torch's random state is set to the one saved with it, the state at the end of
-    training: what follows (an evaluation that samples actions) draws what it would have drawn after the
+    been moved) and ``options`` (``chronomem.train.resume.differences``), and it has the checkpoint of
+    its last update. The agent is loaded from that checkpoint, the history from metrics.csv, and
+    torch's random state is set to the one saved with it, the state at the end of training: what
+    follows (an evaluation that samples actions) draws what it would have drawn after the
     uninterrupted run. A directory that holds a run with other settings is a ValueError, not reused."""
     import dataclasses
-    import json
     import math
 
     import torch
 
     from chronomem.rl.evaluate import load_agent
     from chronomem.rl.ppo import PPOResult
-    from chronomem.train.checkpoint import checkpoint_name, load_config
+    from chronomem.train.checkpoint import checkpoint_name
     from chronomem.train.metrics import read_metrics
+    from chronomem.train.resume import differences, find_run
 
     run_dir = Path(args.out)
     if not (run_dir / "config.json").exists():
         return None
-    saved = load_config(run_dir)
-    asked = json.loads(json.dumps({"args": dataclasses.asdict(args), "core_options": options}))  # as saved
-    differ = [key for key in asked["args"]  # where the run lives and how it reports do not change it
-              if key not in ("out", "progress") and saved.get("args", {}).get(key) != asked["args"][key]]
-    if saved.get("kind") != "ppo" or differ or saved.get("core_options", {}) != asked["core_options"]:
-        shown = ", ".join(f"{k}: saved {saved.get('args', {}).get(k)!r}, asked {asked['args'][k]!r}" for k in differ)
+    saved = find_run(run_dir, kind="ppo").config
+    asked = {key: value for key, value in dataclasses.asdict(args).items() if key not in ("out", "progress")}
+    differ = differences(asked, saved["args"])  # where the run lives and how it reports do not change it
+    if differ or differences({"core_options": options}, saved):
+        shown = ", ".join(f"{key}: saved {old!r}, asked {new!r}" for key, (new, old) in differ.items())
         raise ValueError(f"--resume: {run_dir} holds a run with other settings ({shown or 'core options'}); "
                          "resume into the directory of the interrupted run with the same --scale and --seed")
     frames = math.ceil(args.total_frames / args.frames_per_update) * args.frames_per_update

@@ -23,7 +23,7 @@ def contributors() -> list[Experiment]:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None) -> dict:
+         time_budget: float | None = None, progress: bool = True) -> dict:
     if models is not None:
         raise ValueError("tour runs each experiment's own tour models and takes no model list; "
                          "use `chronomem run EXPERIMENT --scale tour --models ...` to choose models")
@@ -34,7 +34,7 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
         start = time.perf_counter()
         sub_out = Path(out) / name
         sub_out.mkdir(parents=True, exist_ok=True)
-        produced = experiment.run(scale, sub_out, seed, time_budget=time_budget)
+        produced = experiment.run(scale, sub_out, seed, time_budget=time_budget, progress=progress)
         for model, row in produced["results"].items():
             key = f"{name}{TOUR_SEPARATOR}{model}"
             results[key] = row

@@ -1,8 +1,9 @@
 """Trained agents: load a PPO run, measure its mean return on any environment with the same
 observation and action spaces (MiniGrid's small-to-large transfer), and film an episode as a GIF.
 
-Both show their progress on stderr (``EpisodeProgress``) unless ``progress=False``; inside a
-``chronomem.train.progress.reporting`` block (an experiment's) that block decides instead."""
+Both show their progress on stderr (``chronomem.progress``: episodes finished, and the environment
+steps so far as the sign of life, since episodes played side by side all end near the end) unless
+``progress=False``."""
 
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ import torch
 
 from chronomem.agents import ActorCritic
 from chronomem.envs.make import env_seeds, make_env, make_vector_env
+from chronomem.progress import Progress
 from chronomem.rl.ppo import Args, as_tensor, make_agent, obs_map
-from chronomem.rl.progress import EpisodeProgress
 from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run
 from chronomem.train.distributed import default_device
-from chronomem.train.progress import wanted
 
 
 def load_agent(run: str | Path, env_id: str | None = None, device=None) -> tuple[ActorCritic, Args, Path]:
@@ -40,9 +40,8 @@ def load_agent(run: str | Path, env_id: str | None = None, device=None) -> tuple
     return agent.to(default_device(device)).eval(), args, checkpoint
 
 
-def _reporter(total: int, label: str, progress: bool) -> EpisodeProgress:
-    show, prefix = wanted(progress)
-    return EpisodeProgress(total, f"{prefix}: {label}" if prefix else label, show)
+def _reporter(total: int, label: str, progress: bool) -> Progress:
+    return Progress(total, label, progress, unit="episode")
 
 
 def _act(agent: ActorCritic, obs, state, greedy: bool):
@@ -86,10 +85,10 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
             if done.any():
                 state = state.reset(torch.as_tensor(done, device=device))
             steps += n
-            reporter.update(counted, steps)
+            reporter.update(counted, {"steps": str(steps)})
     finally:
         envs.close()
-    reporter.close()
+    reporter.close(only_if_long=True)
     returns = np.array([r for env in finished for r, _ in env])
     lengths = np.array([n for env in finished for _, n in env])
     return {"env": env_id, "episodes": episodes, "return_mean": round(float(returns.mean()), 4),
@@ -130,8 +129,8 @@ def record_gif(agent: ActorCritic, env_id: str, path: str | Path, seed: int = 0,
                 obs, reward, terminated, truncated, _ = env.step(int(action[0]))
                 gif.append(env.render())
                 total, steps, done = total + float(reward), steps + 1, terminated or truncated
-                reporter.update(int(done), steps)
+                reporter.update(int(done), {"steps": str(steps)})
     finally:
         env.close()
-    reporter.close()
+    reporter.close(only_if_long=True)
     return {"gif": str(path), "return": round(total, 4), "length": steps}

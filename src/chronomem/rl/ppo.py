@@ -56,19 +56,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from chronomem.agents import ActorCritic
+from chronomem.config import setting
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
-from chronomem.train.checkpoint import (
-    check_new_run,
-    load_checkpoint,
-    resume_point,
-    rewind,
-    save_checkpoint,
-    save_config,
-)
+from chronomem.train.checkpoint import save_checkpoint
 from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
-from chronomem.train.loop import setting
 from chronomem.train.metrics import MetricsLogger
+from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer
 
 
 @dataclass
@@ -477,22 +471,23 @@ class PPOResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def train(args: Args, core_options: dict[str, Any] | None = None, resume: str | Path | None = None) -> PPOResult:
+def train(args: Args, core_options: dict[str, Any] | None = None,
+          resume: str | Path | Run | None = None) -> PPOResult:
     """Train an agent with ``args`` (``core_options``: the core builder's options).
 
     With ``args.out`` the run writes ``config.json``, ``metrics.csv`` (+ TensorBoard when installed)
     and checkpoints there (``chronomem.train.checkpoint``: safetensors weights, the optimizer and RNG
-    with ``torch.load(weights_only=True)``, written atomically). ``resume`` (a run directory or one of
-    its checkpoints) restores weights, optimizer, RNG, frame count and training seconds; the
-    environments restart with new seeds and new episodes, and the agent's memory starts empty (an
-    environment's state cannot be saved), so a resumed run is not the uninterrupted one step for step.
+    with ``torch.load(weights_only=True)``, written atomically). ``resume`` (a run directory, one of
+    its checkpoints, or the ``Run`` that ``chronomem.train.resume.find_run`` found) restores weights,
+    optimizer, RNG, frame count and training seconds; the environments restart with new seeds and new
+    episodes, and the agent's memory starts empty (an environment's state cannot be saved), so a
+    resumed run is not the uninterrupted one step for step.
     Sets torch's thread count to ``args.torch_threads`` while it runs.
 
     Launched by torchrun (``WORLD_SIZE`` > 1 in the environment) it joins the process group (or uses
     the one already initialised) and runs as one of the ranks (module docstring, "Scale-out"); every
     rank returns the same weights and history. A process group it created is destroyed at the end."""
-    if args.out:
-        check_new_run(Path(args.out), None if resume is None else Path(resume))
+    check_new_run(args.out or None, resume)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.torch_threads)
     device = default_device(args.device)
@@ -512,7 +507,7 @@ def train(args: Args, core_options: dict[str, Any] | None = None, resume: str | 
 
 
 def _train(args: Args, core_options: dict[str, Any], resume, device: torch.device, ctx: Context) -> PPOResult:
-    from chronomem.rl.progress import FrameProgress
+    from chronomem.progress import Progress, duration
 
     if ctx.distributed:
         # every rank has passed its checks on the run directory before rank 0 writes config.json there
@@ -528,15 +523,13 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         broadcast_weights(agent, ctx)
         frames, seconds_before = 0, 0.0
         run_dir = Path(args.out) if args.out and ctx.is_main else None
-        checkpoint = None if resume is None else resume_point(Path(resume))
-        if checkpoint is not None:
-            saved = load_checkpoint(checkpoint, agent, map_location=device)
-            frames, seconds_before = int(saved["step"]), float(saved["seconds"])
-            optimizer.load_state_dict(saved["optimizer"])
-            torch.set_rng_state(saved["rng"]["torch"])
+        restored = restore(resume, agent, map_location=device)
+        if restored is not None:
+            frames, seconds_before = restored.step, restored.seconds
+            restore_optimizer(restored, optimizer)
             if frames > num_updates * frames_per_update:
                 raise ValueError(f"--total-frames {args.total_frames} is below the checkpoint's {frames} frames "
-                                 f"({checkpoint}); --total-frames is the run's new total")
+                                 f"({restored.checkpoint}); --total-frames is the run's new total")
         if ctx.distributed:
             # the ranks have read the checkpoint before rank 0 may set later ones aside; each rank
             # samples its own actions
@@ -544,19 +537,17 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             torch.manual_seed(rank_seed(args.seed, ctx.rank, frames))
         logger = MetricsLogger(run_dir)
         if run_dir is not None:
-            if checkpoint is not None:
-                rewind(run_dir, frames)
-            logger.rewind(frames)
-            save_config(run_dir, {"kind": "ppo", "args": dataclasses.asdict(args), "core_options": core_options})
+            continue_run_dir(run_dir, logger, restored,
+                             {"kind": "ppo", "args": dataclasses.asdict(args), "core_options": core_options})
         ranks = f", {ctx.world_size} ranks" if ctx.distributed else ""
-        reporter = FrameProgress(num_updates * frames_per_update, frames,
-                                 f"{args.core} on {args.env}, seed {args.seed}{ranks}", args.progress and ctx.is_main)
+        reporter = Progress(num_updates * frames_per_update, f"{args.core} on {args.env}, seed {args.seed}{ranks}",
+                            args.progress and ctx.is_main, unit="frame", initial=frames, unit_scale=True)
         next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
         history: list[dict[str, Any]] = []
         update = frames // frames_per_update
-        saved_update = update if checkpoint is not None else None
+        saved_update = update if restored is not None else None
         start, window_start, window_frames, window = time.perf_counter(), time.perf_counter(), 0, []
         split = dict.fromkeys(("env", "act", "learn"), 0.0)  # the window's seconds in each part of the loop
         while update < num_updates:
@@ -586,7 +577,8 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                        **{f"seconds_{part}": round(value, 3) for part, value in split.items()}}
                 history.append(row)
                 logger.log(row)
-                reporter.update(frames, row["sps"], row.get("return_mean"))
+                shown = {} if "return_mean" not in row else {"mean return": f"{row['return_mean']:.3f}"}
+                reporter.update(frames, {**shown, "speed": f"{row['sps']:.0f} frames/s"})
                 window_start, window_frames, window = time.perf_counter(), 0, []
                 split = dict.fromkeys(split, 0.0)
                 # every rank reads the same averaged row, so the ranks stop together
@@ -602,7 +594,9 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         seconds = seconds_before + time.perf_counter() - start
         if run_dir is not None and saved_update != update:
             save_checkpoint(run_dir, frames, agent, _trainer_state(frames, optimizer, seconds))
-        reporter.close(frames, seconds, history[-1].get("return_mean") if history else None)
+        last = history[-1].get("return_mean") if history else None
+        reporter.close(f"{frames} frames in {duration(seconds)}"
+                       + ("" if last is None else f": mean return {last:.3f} (last logged episodes)"))
         logger.close()
         return PPOResult(agent, frames, seconds, history)
     finally:

@@ -29,7 +29,6 @@ import io
 import re
 import signal
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,21 +202,19 @@ def _play(level: str, seeds: list[int]) -> Demos:
                  np.asarray(lengths, np.int32), np.asarray(kept, np.int64), failures)
 
 
-def generate_demos(level: str, count: int, seed: int = 0, workers: int = 1) -> Demos:
+def generate_demos(level: str, count: int, seed: int = 0, workers: int = 1, progress: bool = False) -> Demos:
     """The bot's successful episodes among seeds ``seed .. seed + count - 1`` of ``level``, played in
     ``workers`` processes (in shares of ``DEMO_SHARE`` consecutive seeds, joined in seed order, so the
-    result does not depend on ``workers``). Shows its progress inside ``chronomem run`` (stderr)."""
-    from chronomem.train.progress import Progress, wanted
+    result does not depend on ``workers``). ``progress``: show it on stderr (``chronomem run`` does)."""
+    from chronomem.progress import Progress
 
     check_positive(count, "count")
     check_positive(workers, "workers")
     level_id(level)
     end = seed + count
     shares = [list(range(first, min(first + DEMO_SHARE, end))) for first in range(seed, end, DEMO_SHARE)]
-    enabled, label = wanted(False)
-    name = f"{level} bot demos"
-    progress = Progress(count, 0, f"{label}: {name}" if label else name, enabled, unit="demo")
-    began, parts = time.monotonic(), []
+    reporter = Progress(count, f"{level} bot demos", progress, unit="demo")
+    parts = []
     with contextlib.ExitStack() as stack:
         if workers > 1 and len(shares) > 1:
             import multiprocessing
@@ -229,9 +226,9 @@ def generate_demos(level: str, count: int, seed: int = 0, workers: int = 1) -> D
             played = (_play(level, share) for share in shares)
         for share, part in zip(shares, played, strict=True):
             parts.append(part)
-            progress.update(share[-1] - seed + 1)
+            reporter.update(share[-1] - seed + 1)
     demos = Demos.concat(level, parts)
-    progress.close(count, time.monotonic() - began, {}, stopped_early=False)
+    reporter.close()
     return demos
 
 
@@ -275,15 +272,15 @@ def read_demos(path: str | Path) -> Demos:
 
 
 def load_demos(level: str, count: int, seed: int = 0, cache_dir: str | Path | None = None,
-               workers: int = 1) -> Demos:
-    """``generate_demos(level, count, seed, workers)``, read from ``cache_dir`` when generated before
-    (``cache_path``) and written there otherwise; ``cache_dir=None`` caches nothing."""
+               workers: int = 1, progress: bool = False) -> Demos:
+    """``generate_demos(level, count, seed, workers, progress)``, read from ``cache_dir`` when generated
+    before (``cache_path``) and written there otherwise; ``cache_dir=None`` caches nothing."""
     if cache_dir is None:
-        return generate_demos(level, count, seed, workers)
+        return generate_demos(level, count, seed, workers, progress)
     path = cache_path(cache_dir, level, count, seed)
     if path.exists():
         return read_demos(path)
-    demos = generate_demos(level, count, seed, workers)
+    demos = generate_demos(level, count, seed, workers, progress)
     save_demos(path, demos)
     return demos
 

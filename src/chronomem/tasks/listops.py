@@ -419,9 +419,8 @@ class ListOpsTask(Task):
     training, each excluding what came before, so the test set does not depend on ``num_train``.
     ``augment=k`` serves every example as ``k`` copies under a MAX (paper 002 Table 5).
     ``cache_dir`` (optional) keeps generated splits as TSV files and reloads them. Generating a split
-    shows its progress on stderr (``chronomem.train.progress``: a bar on a terminal, else a line every
-    ~10 s, and a last line if it took that long); ``progress=False`` silences it, and inside a
-    ``progress.reporting`` block (``chronomem run``'s) that block decides instead.
+    shows its progress on stderr (``chronomem.progress``: a bar on a terminal, else a line every
+    ~10 s, and a last line if it took that long); ``progress=False`` silences it.
     """
 
     name = "listops"
@@ -497,7 +496,7 @@ class ListOpsTask(Task):
         return Path(self.cache_dir) / f"listops-{key}-{split}.tsv"
 
     def _generate(self, split: str) -> tuple[list[np.ndarray], np.ndarray]:
-        from chronomem.train.progress import Progress, wanted  # tasks do not import train at import time
+        from chronomem.progress import Progress
 
         cache = self._cache_path(split)
         if cache is not None and cache.exists():
@@ -505,9 +504,7 @@ class ListOpsTask(Task):
             self._exclude.update(x.tobytes() for x in ids)
             return ids, labels
         seed = f"listops/{self.seed}/{split}"  # one stream per split
-        show, prefix = wanted(self.progress)
-        name = f"listops {split} split"
-        progress = Progress(self.sizes[split], 0, f"{prefix}: {name}" if prefix else name, show, unit="expression")
+        progress = Progress(self.sizes[split], f"listops {split} split", self.progress, unit="expression")
         ids, labels = [], []
         # Only the token ids are kept: the LRA training set's trees would take gigabytes.
         with _tsv_rows(cache) as write:
@@ -517,7 +514,7 @@ class ListOpsTask(Task):
                 ids.append(encoded)
                 labels.append(value)
                 progress.update(len(ids))
-        progress.finish(len(ids))
+        progress.close(only_if_long=True)
         return ids, np.asarray(labels, dtype=np.int64)
 
     def label_counts(self, split: str = "train") -> dict[int, int]:

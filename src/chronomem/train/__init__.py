@@ -1,9 +1,9 @@
-"""Training: the supervised loop, checkpoints, metrics and data-parallel setup."""
+"""Training: the supervised loop, checkpoints and resume, metrics and data-parallel setup."""
 
 from chronomem.train.checkpoint import CheckpointError, load_checkpoint
-from chronomem.train.loop import TrainConfig, TrainResult, build, evaluate, load_run, train, train_spec
+from chronomem.train.loop import ModelSize, TrainConfig, TrainResult, build, evaluate, load_run, train, train_spec
 
 __all__ = [
-    "CheckpointError", "TrainConfig", "TrainResult", "build", "evaluate", "load_checkpoint", "load_run", "train",
-    "train_spec",
+    "CheckpointError", "ModelSize", "TrainConfig", "TrainResult", "build", "evaluate", "load_checkpoint", "load_run",
+    "train", "train_spec",
 ]

@@ -15,6 +15,7 @@ any moment leaves at least one, and resuming a run directory loads the one of th
 
 Resuming a run from an earlier checkpoint than its newest (``rewind``) sets the later checkpoints aside
 as ``step_N.discarded`` (kept on disk, never loaded or pruned) so that the run continues on one line.
+What a resume checks and restores is ``chronomem.train.resume``'s.
 """
 
 from __future__ import annotations
@@ -95,26 +96,11 @@ def load_config(run_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not valid JSON ({err})") from err
 
 
-def check_new_run(out: Path, resume: Path | None = None, flag: str = "out") -> None:
-    """Refuse to start a run in ``out`` when it already holds one (a ``config.json``), unless the run
-    resumed (``resume``: a run directory or one of its checkpoints) is that very run: starting anew
-    there would rewrite its config and metrics and leave its checkpoints of later steps to be loaded
-    as this run's. The Python API and the command line refuse alike (``flag`` names the argument)."""
-    out = Path(out)
-    if not (out / "config.json").exists():
-        return
-    if resume is not None and locate_run(Path(resume))[0].resolve() == out.resolve():
-        return
-    resume_it = f"--resume {out}" if flag.startswith("--") else f"resume={str(out)!r}"
-    raise ValueError(f"{flag} {out} already holds a run (config.json): continue it with {resume_it}, "
-                     f"or choose another {flag}")
-
-
 def locate_run(path: Path) -> tuple[Path, Path | None]:
-    """``(run directory, checkpoint to resume from)`` for ``--resume PATH``.
+    """``(run directory, checkpoint)`` of ``PATH``, as ``--resume PATH`` and ``chronomem eval PATH`` take it.
 
-    ``PATH`` is a run directory (resume from its newest checkpoint; None if it has none yet) or one
-    checkpoint of a run, ``RUN/checkpoints/step_N`` (resume from that one).
+    ``PATH`` is a run directory (its newest checkpoint; None if it has none yet) or one checkpoint of
+    a run, ``RUN/checkpoints/step_N`` (that one).
     """
     path = Path(path)
     if checkpoint_step(path) is not None or (path / "model.safetensors").exists():
@@ -173,16 +159,6 @@ def rewind(run_dir: Path, step: int) -> list[Path]:
         renamed.append(target)
     _fsync(root)
     return renamed
-
-
-def resume_point(path: Path) -> Path | None:
-    """The checkpoint that resuming ``path`` loads (``find_checkpoint``), or None when ``path`` is a run
-    directory killed before its first checkpoint: that run starts again from step 0, in place."""
-    path = Path(path)
-    if (path / "config.json").exists() and not (path / "model.safetensors").exists() \
-            and not list_checkpoints(path / "checkpoints"):
-        return None
-    return find_checkpoint(path)
 
 
 def find_checkpoint(path: Path) -> Path:

@@ -18,41 +18,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from chronomem.train import distributed, progress
-from chronomem.train.checkpoint import (
-    CheckpointError,
-    check_new_run,
-    load_checkpoint,
-    load_config,
-    load_weights,
-    locate_run,
-    resume_point,
-    rewind,
-    save_checkpoint,
-    save_config,
-)
+from chronomem.config import setting
+from chronomem.progress import Progress, duration
+from chronomem.train import distributed
+from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run, save_checkpoint
 from chronomem.train.metrics import MetricsLogger, loss_and_accuracy
-from chronomem.train.progress import Progress, wanted
+from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer
 
 OPTIMIZERS = ("adamw", "rmsprop")
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
 ANNEAL_BY = ("steps", "budget")
 
 
-def setting(default: Any, help: str, *, choices: tuple[str, ...] | None = None, resumable: bool = False,
-            aliases: tuple[str, ...] = ()) -> Any:
-    """A ``TrainConfig`` field that carries its ``chronomem train`` flag: the CLI builds the flag from the
-    field's name, type and default, so every default is written once, here.
-
-    ``help`` describes the flag (the CLI appends the default), ``choices`` its valid values,
-    ``resumable`` lets ``--resume`` change it (it changes no step's maths), ``aliases`` are other
-    spellings of the flag."""
-    return field(default=default, metadata={"help": help, "choices": choices, "resumable": resumable,
-                                            "aliases": aliases})
-
-
 @dataclass
 class TrainConfig:
+    """The trainer's settings; each field is a ``chronomem train`` flag (``chronomem.config.setting``)."""
+
     steps: int = setting(1000, "training steps; with --resume the new total, to extend a run", resumable=True)
     batch_size: int = setting(32, "sequences per step (per process)")
     lr: float = setting(1e-3, "peak learning rate")
@@ -64,7 +45,8 @@ class TrainConfig:
     warmup: int = setting(0, "linear warmup steps")
     schedule: str = setting("constant", "learning-rate decay after the warmup (rsqrt: lr * sqrt(warmup / step))",
                             choices=SCHEDULES)
-    clip: float | None = setting(1.0, "gradient-norm clip; None (on the command line 0) disables it")
+    clip: float | None = setting(1.0, "gradient-norm clip; None (on the command line 0) disables it",
+                                 zero_is_none="no clipping")
     eval_every: int = setting(0, "steps between validations (0: only the final test)", resumable=True)
     eval_examples: int = setting(512, "examples of each evaluation", resumable=True)
     eval_batch_size: int | None = setting(None, "batch size of evaluations (default: the batch size)",
@@ -106,6 +88,23 @@ class TrainConfig:
             raise ValueError(f"--time-budget must be a positive number of seconds, got {self.time_budget}")
         if self.clip is not None and self.clip <= 0:
             raise ValueError(f"--clip must be > 0 (or None to disable), got {self.clip}")
+
+
+@dataclass
+class ModelSize:
+    """The size of the model ``chronomem train`` builds: ``build_model``'s keywords of these names (and
+    defaults), saved with the other model options in the spec's ``model_options``."""
+
+    dim: int = setting(64, "width")
+    depth: int = setting(2, "layers")
+    num_heads: int = setting(4, "attention heads", flag="--heads")
+
+    def __post_init__(self):
+        if self.dim < 1 or self.depth < 1 or self.num_heads < 1:
+            raise ValueError(f"--dim, --depth and --heads must be >= 1, got {self.dim}, {self.depth}, "
+                             f"{self.num_heads}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"--heads={self.num_heads} must divide --dim={self.dim}")
 
 
 @dataclass
@@ -201,14 +200,12 @@ def evaluate(
     progress: bool = True,
 ) -> dict[str, float]:
     """Mean loss and accuracy (%) over the task's fixed ``split`` set. An evaluation that takes
-    ``LINE_INTERVAL`` seconds or more shows its progress (``progress=False``, or a silent
-    ``progress.reporting`` block such as a quiet run's, keeps it silent)."""
+    ``LINE_INTERVAL`` seconds or more shows its progress (``progress=False`` keeps it silent)."""
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
-    show, prefix = wanted(progress)
     label = f"evaluating on the {split} split of {getattr(task, 'name', type(task).__name__)}"
-    reporter = Progress(num_examples, 0, f"{prefix}: {label}" if prefix else label, show, unit="example")
+    reporter = Progress(num_examples, label, progress, unit="example")
     total_loss, correct, count, batches, seen = 0.0, 0, 0, 0, 0
     for batch in task.eval_batches(batch_size, num_examples, split=split):
         batch = batch.to(device)
@@ -217,7 +214,7 @@ def evaluate(
         total_loss, correct, count, batches = total_loss + float(loss), correct + int(c), count + int(n), batches + 1
         seen += batch.inputs.shape[0]
         reporter.update(seen)
-    reporter.finish(seen)
+    reporter.close(only_if_long=True)
     model.train(was_training)
     return {"loss": total_loss / max(1, batches), "accuracy": 100.0 * correct / max(1, count)}
 
@@ -228,21 +225,21 @@ def train(
     cfg: TrainConfig,
     *,
     spec: dict[str, Any] | None = None,
-    resume: str | Path | None = None,
+    resume: str | Path | Run | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``task``. ``spec`` (JSON-able model/task description) goes into config.json.
 
     With ``cfg.out`` set, checkpoints go to ``cfg.out/checkpoints`` (atomically); ``resume`` (a run
-    directory or a checkpoint directory) restores weights, optimizer, scheduler, RNG and step (a run
-    directory killed before its first checkpoint starts again from step 0). The run
+    directory, a checkpoint directory, or the ``Run`` that ``chronomem.train.resume.find_run`` found)
+    restores weights, optimizer, scheduler, RNG and step (a run directory killed before its first
+    checkpoint starts again from step 0). The run
     then continues in ``cfg.out`` as if never interrupted: checkpoints after the resumed step are set
     aside (``checkpoint.rewind``) and metrics.csv drops the rows logged after it, so no step is
     logged twice and its ``seconds`` column continues from the checkpoint's training time. Without
     ``resume``, ``cfg.out`` must not hold a run yet (``check_new_run``: ValueError).
     """
     run_dir = Path(cfg.out) if cfg.out else None
-    if run_dir is not None:
-        check_new_run(run_dir, None if resume is None else Path(resume))
+    check_new_run(run_dir, resume)
     device = distributed.default_device(cfg.device)
     ctx = distributed.setup(device)
     torch.manual_seed(cfg.seed)
@@ -256,29 +253,23 @@ def train(
     anchor = (cfg.warmup, 0.0)  # where the schedule's decay starts (decay_progress)
     start_step = 0
     saved_step = None  # the step of run_dir's newest checkpoint of this run, if any
-    checkpoint = None if resume is None else resume_point(Path(resume))
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint, model, map_location=device)
-        start_step = int(state["step"])
+    restored = restore(resume, model, map_location=device)
+    if restored is not None:
+        start_step, checkpoint = restored.step, restored.checkpoint
         if start_step > cfg.steps:
             raise ValueError(f"--steps {cfg.steps} is below the step of the checkpoint resumed, {start_step} "
                              f"({checkpoint}); --steps is the run's new total")
-        saved_total = int(state.get("total_steps") or _saved_steps(checkpoint, cfg.steps))
-        anchor = resumed_anchor(cfg, start_step, saved_total, tuple(state.get("schedule_anchor", anchor)))
+        saved_total = int(restored.state.get("total_steps") or _saved_steps(checkpoint, cfg.steps))
+        anchor = resumed_anchor(cfg, start_step, saved_total, tuple(restored.state.get("schedule_anchor", anchor)))
     scheduler = make_scheduler(optimizer, cfg, lambda: trained / cfg.time_budget, anchor)
-    if checkpoint is not None:  # the optimizer after the scheduler, whose construction sets the lr of step 0
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        seconds_before = trained = float(state.get("seconds", 0.0))  # absent in older checkpoints
+    if restored is not None:
+        restore_optimizer(restored, optimizer, scheduler)
+        seconds_before = trained = restored.seconds
         if run_dir is not None and checkpoint.parent.resolve() == (run_dir / "checkpoints").resolve():
             saved_step = start_step
     logger = MetricsLogger(run_dir, enabled=ctx.is_main)
     if run_dir is not None and ctx.is_main:
-        if checkpoint is not None:
-            rewind(run_dir, start_step)
-        logger.rewind(start_step)  # a new run (step 0) starts the file anew
-        save_config(run_dir, {"spec": spec or {}, "train": dataclasses.asdict(cfg)})
+        continue_run_dir(run_dir, logger, restored, {"spec": spec or {}, "train": dataclasses.asdict(cfg)})
     ddp_model = model
     if ctx.distributed:
         # find_unused_parameters: a memory read can skip parameters (e.g. HTM before its first chunk).
@@ -286,86 +277,86 @@ def train(
 
     history: list[dict[str, Any]] = []
     eval_bs = cfg.eval_batch_size or cfg.batch_size
-    show, prefix = progress.wanted(cfg.progress)
+    show = cfg.progress and ctx.is_main  # one line per run: the first rank's
     model_name = (spec or {}).get("model", type(model).__name__)
     label = f"{model_name} on {getattr(task, 'name', type(task).__name__)}, seed {cfg.seed}"
-    # Within this block the task's own long steps (data generated at the first batch, as ListOps does)
-    # show progress as this run does, and stay silent with it (and on every rank but the first).
-    with progress.reporting(show and ctx.is_main, prefix):
-        reporter = progress.Progress(cfg.steps, start_step, f"{prefix}: {label}" if prefix else label,
-                                     show and ctx.is_main, cfg.time_budget, seconds_before)
-        t0 = time.perf_counter()
-        window_tokens, window_start = 0, time.perf_counter()
-        window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
-        stopped_early = False
-        step = start_step
-        model.train()
-        asks_auxiliary = bool(getattr(model, "reconstruction", 0.0))  # a head built with reconstruction=w
-        while step < cfg.steps:
-            batch = task.sample(cfg.batch_size, batch_generator(cfg.seed, ctx.rank, step)).to(device)
-            if asks_auxiliary:
-                logits, _, auxiliary = ddp_model(batch.inputs, mask=batch.mask, return_auxiliary=True)
-            else:
-                logits, _ = ddp_model(batch.inputs, mask=batch.mask)
-                auxiliary = None
-            loss, correct, count = loss_and_accuracy(logits, batch, task.kind)
-            terms = loss_terms(loss, auxiliary)
-            optimizer.zero_grad(set_to_none=True)
-            sum(terms.values()).backward()
-            if cfg.clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            optimizer.step()
-            trained = seconds_before + time.perf_counter() - t0
-            if cfg.time_budget is not None and ctx.distributed:
-                trained = float(distributed.all_reduce_mean(torch.tensor([trained], device=device), ctx)[0])
-            scheduler.step()
-            step += 1
-            for name, value in terms.items():
-                run_terms[name] = run_terms.get(name, 0.0) + value.item()
-            run_correct, run_count = run_correct + int(correct), run_count + int(count)
-            window_tokens += batch.num_tokens * ctx.world_size
-            window_steps += 1
-            logged = None
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                # Every rank produces the same terms (one model), so their means reduce in one tensor.
-                means = [total / window_steps for total in run_terms.values()]
-                stats = distributed.all_reduce_mean(torch.tensor(
-                    [*means, 100.0 * run_correct / max(1.0, run_count)],
-                    device=device,  # NCCL reduces only tensors on the GPU
-                ), ctx).cpu().tolist()
-                elapsed = time.perf_counter() - window_start
-                row = {
-                    "step": step, "split": "train",
-                    **{name: round(mean, 5) for name, mean in zip(run_terms, stats[:-1], strict=True)},
-                    "accuracy": round(stats[-1], 3), "lr": scheduler.get_last_lr()[0],
-                    "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)),
-                    "seconds": round(trained, 2),  # training seconds since the run began, across resumes
-                }
-                history.append(row)
-                logger.log(row)
-                logged = row
-                window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
-                window_tokens, window_start = 0, time.perf_counter()
-            reporter.update(step, *((logged["loss"], logged["accuracy"]) if logged else ()))
-            if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and ctx.is_main:
-                row = {"step": step, "split": "val", **evaluate(model, task, eval_bs, cfg.eval_examples, "val")}
-                history.append(row)
-                logger.log(row)
-            if run_dir is not None and ctx.is_main and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained, cfg, anchor))
-                saved_step = step
-            if cfg.time_budget is not None and trained > cfg.time_budget and step < cfg.steps:
-                stopped_early = True
-                break
-        seconds = seconds_before + time.perf_counter() - t0
-        if run_dir is not None and ctx.is_main and saved_step != step:
-            save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained, cfg, anchor))
-        metrics = evaluate(model, task, eval_bs, cfg.eval_examples, "test") if ctx.is_main else {}
-        if ctx.is_main:
-            row = {"step": step, "split": "test", **metrics, "seconds": round(seconds, 2)}
+    reporter = Progress(cfg.steps, label, show, initial=start_step, time_budget=cfg.time_budget,
+                        seconds_before=seconds_before)
+    t0 = time.perf_counter()
+    window_tokens, window_start = 0, time.perf_counter()
+    window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
+    stopped_early = False
+    step = start_step
+    model.train()
+    asks_auxiliary = bool(getattr(model, "reconstruction", 0.0))  # a head built with reconstruction=w
+    while step < cfg.steps:
+        batch = task.sample(cfg.batch_size, batch_generator(cfg.seed, ctx.rank, step)).to(device)
+        if asks_auxiliary:
+            logits, _, auxiliary = ddp_model(batch.inputs, mask=batch.mask, return_auxiliary=True)
+        else:
+            logits, _ = ddp_model(batch.inputs, mask=batch.mask)
+            auxiliary = None
+        loss, correct, count = loss_and_accuracy(logits, batch, task.kind)
+        terms = loss_terms(loss, auxiliary)
+        optimizer.zero_grad(set_to_none=True)
+        sum(terms.values()).backward()
+        if cfg.clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        optimizer.step()
+        trained = seconds_before + time.perf_counter() - t0
+        if cfg.time_budget is not None and ctx.distributed:
+            trained = float(distributed.all_reduce_mean(torch.tensor([trained], device=device), ctx)[0])
+        scheduler.step()
+        step += 1
+        for name, value in terms.items():
+            run_terms[name] = run_terms.get(name, 0.0) + value.item()
+        run_correct, run_count = run_correct + int(correct), run_count + int(count)
+        window_tokens += batch.num_tokens * ctx.world_size
+        window_steps += 1
+        logged = None
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            # Every rank produces the same terms (one model), so their means reduce in one tensor.
+            means = [total / window_steps for total in run_terms.values()]
+            stats = distributed.all_reduce_mean(torch.tensor(
+                [*means, 100.0 * run_correct / max(1.0, run_count)],
+                device=device,  # NCCL reduces only tensors on the GPU
+            ), ctx).cpu().tolist()
+            elapsed = time.perf_counter() - window_start
+            row = {
+                "step": step, "split": "train",
+                **{name: round(mean, 5) for name, mean in zip(run_terms, stats[:-1], strict=True)},
+                "accuracy": round(stats[-1], 3), "lr": scheduler.get_last_lr()[0],
+                "tokens_per_second": round(window_tokens / max(elapsed, 1e-9)),
+                "seconds": round(trained, 2),  # training seconds since the run began, across resumes
+            }
             history.append(row)
             logger.log(row)
-        reporter.close(step, seconds, metrics, stopped_early)
+            logged = row
+            window_steps, run_terms, run_correct, run_count = 0, {}, 0.0, 0.0
+            window_tokens, window_start = 0, time.perf_counter()
+        reporter.update(step, logged and {"loss": f"{logged['loss']:.4g}", "accuracy": f"{logged['accuracy']:.1f}%"})
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and ctx.is_main:
+            validation = evaluate(model, task, eval_bs, cfg.eval_examples, "val", progress=show)
+            row = {"step": step, "split": "val", **validation}
+            history.append(row)
+            logger.log(row)
+        if run_dir is not None and ctx.is_main and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained, cfg, anchor))
+            saved_step = step
+        if cfg.time_budget is not None and trained > cfg.time_budget and step < cfg.steps:
+            stopped_early = True
+            break
+    seconds = seconds_before + time.perf_counter() - t0
+    if run_dir is not None and ctx.is_main and saved_step != step:
+        save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained, cfg, anchor))
+    metrics = evaluate(model, task, eval_bs, cfg.eval_examples, "test", progress=show) if ctx.is_main else {}
+    if ctx.is_main:
+        row = {"step": step, "split": "test", **metrics, "seconds": round(seconds, 2)}
+        history.append(row)
+        logger.log(row)
+    tests = ", ".join(f"test {k} {v:.4g}" if k == "loss" else f"test {k} {v:.1f}%" for k, v in metrics.items())
+    reporter.close(f"{step} steps in {duration(seconds)}{' (time budget reached)' if stopped_early else ''}"
+                   + (f": {tests}" if tests else ""))
     logger.close()
     distributed.cleanup(ctx)
     return TrainResult(model, metrics, step, seconds, history, stopped_early)
@@ -403,7 +394,7 @@ def build(spec: dict[str, Any]):
     return model, task
 
 
-def train_spec(spec: dict[str, Any], cfg: TrainConfig, resume: str | Path | None = None) -> TrainResult:
+def train_spec(spec: dict[str, Any], cfg: TrainConfig, resume: str | Path | Run | None = None) -> TrainResult:
     """Build from ``spec`` with the seed of ``cfg`` and train; the entry point of ``chronomem train``."""
     torch.manual_seed(cfg.seed)
     model, task = build(spec)
