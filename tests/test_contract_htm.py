@@ -8,6 +8,7 @@ import torch
 
 from chronomem.htm import HierarchicalMemory, HTMTransformer
 from chronomem.layers import concat_states
+from chronomem.ops.htm_local import call_episodes
 from contract import (
     check_done_trials,
     check_select_concat,
@@ -148,8 +149,9 @@ def test_write_chunks_returns_each_commit_once_with_its_last_step():
     x = randn64(2, 11, D, seed=19)
     done = torch.zeros(2, 11, dtype=torch.bool)
     done[0, 4] = done[1, 5] = True
-    stored, chunks = mem.write_chunks(x, torch.full((2,), 11), done)
-    ends = [sorted(int(e) for c in chunks for e, v in zip(c.end[b], c.valid[b], strict=True) if v) for b in range(2)]
+    lengths = torch.full((2,), 11)
+    stored, chunks = mem.write_chunks(x, lengths, call_episodes(done, lengths, torch.zeros_like(lengths), cache=0))
+    ends = [sorted(int(e) for e, v in zip(chunks.end[b], chunks.valid[b], strict=True) if v) for b in range(2)]
     # chunks of 3 steps with stride 2 restarting after each end; row 1's step 5 ends a partial chunk [4, 5]
     assert ends == [[2, 4, 7, 9], [2, 4, 5, 8, 10]]
     written = mem.write(x, done=done)

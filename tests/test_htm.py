@@ -9,6 +9,8 @@ import torch
 
 from chronomem.htm import HierarchicalMemory, HTMAttention, HTMTransformer
 from chronomem.layers import sinusoid_encoding
+from chronomem.ops import htm_chunks
+from chronomem.ops.htm_local import local_layout
 from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, READ_IMPLS
 from helpers import assert_same_gradients
 
@@ -451,7 +453,7 @@ def test_local_layout_matches_the_visibility_rule(extra_length, start):
     model = HTMTransformer(**{**SMALL, "window": W, "extra_length": extra_length})
     L = model.cache_length
     position, lengths = torch.full((B,), start), torch.tensor([n, 7])
-    layout = model._local_layout(position, lengths, n)
+    layout = local_layout(position, lengths, n, window=W, extra_length=extra_length, cache=L)
     assert layout.queries.shape[0] > 1  # blocked
     for b in range(B):
         seen = set()
@@ -590,15 +592,16 @@ def test_transformer_read_impls_match_the_reference(read_impl):
 @pytest.mark.parametrize("shared_memory", [False, True])
 @pytest.mark.parametrize("memory_gradient", [False, True])
 def test_a_call_builds_its_new_chunks_once(shared_memory, memory_gradient, monkeypatch):
-    """Each memory builds the chunks that complete in a call once (``new_chunks``) and uses them both
-    to read and to store; what it stores is what ``HierarchicalMemory.write`` stores, detached."""
+    """Each memory builds the chunks that complete in a call once (``ops.htm_chunks.complete_chunks``)
+    and uses them both to read and to store; what it stores is what ``HierarchicalMemory.write`` stores,
+    detached."""
     torch.manual_seed(14)
     model = HTMTransformer(**SMALL, shared_memory=shared_memory, memory_gradient=memory_gradient)
     x = torch.randn(2, 11, 16, requires_grad=True)
     mask = torch.arange(11)[None] < torch.tensor([[11], [8]])
-    calls, build = [], HierarchicalMemory.new_chunks
-    counted = lambda self, *a, **kw: calls.append(1) or build(self, *a, **kw)
-    monkeypatch.setattr(HierarchicalMemory, "new_chunks", counted)  # counts, changes nothing
+    calls, build = [], htm_chunks.complete_chunks
+    counted = lambda *a, **kw: calls.append(1) or build(*a, **kw)
+    monkeypatch.setattr(htm_chunks, "complete_chunks", counted)  # counts, changes nothing
     _, state = model(x, mask=mask)
     assert len(calls) == (1 if shared_memory else SMALL["depth"])
     written = model.init_state(2).memories[0].write(x, mask=mask)  # layer 0 (or the shared memory) stores x

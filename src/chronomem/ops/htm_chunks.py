@@ -1,0 +1,332 @@
+"""The chunks an HTM call completes: built once from the steps it appends, then read and stored.
+
+``chronomem.htm.HierarchicalMemory`` appends each step to the chunk being filled (``Accumulator``) and
+commits a chunk when it holds ``C`` steps, or early at an episode end. ``HTMTransformer`` reads, at each
+query of a call, the chunks committed before it: the stored ones and those the call itself completes.
+This module builds those chunks and the mask of what each query may read:
+
+* ``complete_chunks``: the chunks that complete when a block of steps is appended, with whole-chunk
+  tensor ops (no loop over steps).
+* ``partial_chunk``: the chunk being filled, committed early at an episode end (empty slots masked).
+* ``call_chunks``: every chunk a call commits, in commit order, with the step that commits it and that
+  step's episode: ``complete_chunks`` on the pieces between the distinct steps at which some row's
+  episode ends, and a ``partial_chunk`` at each end. ``call_chunks_reference`` is a plain loop over the
+  steps of each row.
+* ``commit_chunks``: the ring buffer after committing chunks in order (chunk number ``committed`` goes to
+  slot ``committed % M``, evicting the oldest) as one scatter per field; ``commit_chunks_reference``
+  puts them one by one.
+* ``chunks_to_read``: the stored chunks and the call's new ones, with the per-query mask of the
+  visibility rule (``chronomem.htm``'s module docstring). ``chunks_to_read_reference`` replays the ring
+  buffer for each query.
+
+``tests/test_ops_htm_chunks.py`` checks each against its reference (values, and gradients into the steps).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from chronomem.ops.htm_local import Episodes
+
+
+class Accumulator(NamedTuple):
+    """The chunk being filled: ``accumulator [B, C, D]`` of which ``fill [B]`` steps are used, the first
+    ``carried [B]`` of them carried over by chunk overlap (already in memory)."""
+
+    accumulator: Tensor
+    fill: Tensor
+    carried: Tensor
+
+    def cleared(self, rows: Tensor) -> Accumulator:
+        """Empty for the rows in ``rows [B]``: an episode ended there. Selects, so a NaN row comes back clean."""
+        return Accumulator(torch.where(rows[:, None, None], 0.0, self.accumulator),
+                           torch.where(rows, 0, self.fill), torch.where(rows, 0, self.carried))
+
+
+class NewChunks(NamedTuple):
+    """Chunks committed by a call, ``K`` per row in commit order: ``keys [B, K, D]`` (the mean of the
+    stored steps), ``contents [B, K, C, D]``, ``slots [B, K, C]`` (which slots hold a step), ``valid
+    [B, K]`` (which are real chunks), ``end [B, K]`` (the call index of the step that commits each) and
+    ``episode [B, K]`` (that step's episode, ``Episodes`` numbering; None in a call without episode ends)."""
+
+    keys: Tensor
+    contents: Tensor
+    slots: Tensor
+    valid: Tensor
+    end: Tensor | None = None
+    episode: Tensor | None = None
+
+
+class ReadChunks(NamedTuple):
+    """What the queries of a call read: ``keys [B, M', D]``, ``contents [B, M', C, D]``, ``slot_valid
+    [B, M', C]`` and ``valid [B, M']`` of the stored chunks then the call's new ones, and ``mask
+    [B, N, M']``, the chunks each query may read (None: every valid chunk)."""
+
+    keys: Tensor
+    contents: Tensor
+    slot_valid: Tensor
+    valid: Tensor
+    mask: Tensor | None
+
+    def tail(self, n: int) -> ReadChunks:
+        """What the last ``n`` queries read."""
+        return self if self.mask is None else self._replace(mask=self.mask[:, -n:])
+
+
+# =============================================================================================
+# Building the chunks
+# =============================================================================================
+
+
+def complete_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int,
+                    detach: bool = True) -> tuple[NewChunks, Accumulator]:
+    """The chunks that complete when the first ``lengths[b]`` steps of ``x [B, N, D]`` are appended to
+    ``acc``, and the accumulator after.
+
+    The stream of row b is ``accumulator[b, :fill[b]]`` followed by ``x[b, :lengths[b]]``; chunk i
+    covers stream steps ``[i*s, i*s + C)`` with stride ``s = C - overlap``. ``detach=False`` keeps the
+    graph (``HTMTransformer(memory_gradient=True)``).
+    """
+    B, N, D = x.shape
+    C = acc.accumulator.shape[1]
+    s = C - overlap
+    if detach:
+        x = x.detach()  # Section 2: stop gradients flowing into the memory
+    fill = acc.fill
+    total = fill + lengths  # [B] stream length per row
+    count = torch.where(total >= C, torch.div(total - C, s, rounding_mode="floor") + 1, 0)  # [B]
+    k_max = int(count.max()) if B else 0
+    j = torch.arange(C, device=x.device)[None, :]
+    if k_max == 0:  # no chunk completes (most steps of an agent): the steps only join the accumulator
+        if N == 1:  # any slot index reads the one step
+            steps = x.expand(B, C, D)
+        else:
+            steps = x.gather(1, (j - fill[:, None]).clamp(0, N - 1)[..., None].expand(B, C, D))
+        new_slot = ((j >= fill[:, None]) & (j < total[:, None]))[..., None]
+        accumulator = torch.where(new_slot, steps, acc.accumulator * (j < fill[:, None])[..., None])
+        valid = x.new_zeros(B, 0, dtype=torch.bool)
+        new = NewChunks(x.new_zeros(B, 0, D), x.new_zeros(B, 0, C, D), valid[..., None].expand(B, 0, C), valid,
+                        end=x.new_zeros(B, 0, dtype=torch.long))
+        return new, Accumulator(accumulator, total, torch.minimum(acc.carried, total))
+    # Stream [B, C + N, D]: accumulator steps then the new steps, zeros past the end.
+    p = torch.arange(C + N, device=x.device)[None, :]
+    src = torch.cat([acc.accumulator, x, x.new_zeros(B, 1, D)], dim=1)
+    idx = torch.where(p < fill[:, None], p, C + p - fill[:, None])
+    idx = torch.where(p < total[:, None], idx, C + N)  # past the end -> the zero row
+    stream = src.gather(1, idx[..., None].expand(B, C + N, D))
+    # chunk i = stream[i*s : i*s + C]
+    contents = stream[:, : (k_max - 1) * s + C].unfold(1, C, s)[:, :k_max].permute(0, 1, 3, 2)
+    i = torch.arange(k_max, device=x.device)[None, :]
+    valid = i < count[:, None]  # [B, K]
+    contents = contents * valid[..., None, None].to(contents.dtype)
+    keys = contents.mean(2)  # Section 2: the summary is the average over the (full) chunk
+    end = i * s + C - 1 - fill[:, None]  # the call index of each chunk's last step (the one committing it)
+    start = count * s  # where the next accumulator begins in the stream
+    new_fill = total - start
+    acc_idx = (start[:, None] + j).clamp(max=C + N - 1)
+    accumulator = stream.gather(1, acc_idx[..., None].expand(B, C, D))
+    accumulator = accumulator * (j < new_fill[:, None])[..., None].to(x.dtype)
+    carried = torch.where(count > 0, torch.full_like(count, overlap), acc.carried)
+    carried = torch.minimum(carried, new_fill)
+    new = NewChunks(keys, contents, valid[..., None].expand(-1, -1, C), valid, end=end)
+    return new, Accumulator(accumulator, new_fill, carried)
+
+
+def partial_chunk(acc: Accumulator, done: Tensor) -> NewChunks:
+    """The chunk being filled of the rows in ``done [B]`` as one chunk per row, committed at an episode
+    end: its empty slots masked, its key the mean of the stored steps, ``valid`` where it holds a step
+    not yet in memory."""
+    C = acc.accumulator.shape[1]
+    slots = torch.arange(C, device=done.device)[None, :] < acc.fill[:, None]  # [B, C]
+    w = slots.to(acc.accumulator.dtype)[..., None]
+    key = (acc.accumulator * w).sum(1) / w.sum(1).clamp_min(1.0)  # mean of the stored steps
+    fresh = done & (acc.fill > acc.carried)
+    return NewChunks(key[:, None], (acc.accumulator * w)[:, None], slots[:, None], fresh[:, None])
+
+
+def call_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int, episodes: Episodes | None = None,
+                detach: bool = True) -> tuple[NewChunks, Accumulator]:
+    """Every chunk a call commits when it appends the first ``lengths[b]`` steps of ``x [B, N, D]`` to
+    ``acc``, in commit order, each built once, and the accumulator after the call.
+
+    With ``episodes`` (episode ends inside the call) the chunks are built episode piece by episode
+    piece: only the accumulator carries from piece to piece; at an end the partial chunk is committed
+    and the row's accumulator emptied, as ``HierarchicalMemory.end_episode`` does. The loop runs only
+    over the distinct steps at which some row's episode ends. The accumulator goes from piece to piece
+    detached, so with ``detach=False`` a chunk that spans another row's episode end passes no gradient
+    to its steps before that end (``call_chunks_reference`` keeps them; tests/test_ops_htm_chunks.py).
+    """
+    if episodes is None:
+        return complete_chunks(acc, x, lengths, overlap, detach)
+    N = x.shape[1]
+    done = episodes.done
+    ends = done.any(0).nonzero().flatten().tolist()
+    begin, pieces = 0, []
+    for t, episode_end in [*((t, True) for t in ends), (N - 1, False)]:
+        if begin > t:  # the last episode end was at the call's last step
+            break
+        new, filled = complete_chunks(acc, x[:, begin : t + 1], (lengths - begin).clamp(0, t + 1 - begin),
+                                      overlap, detach)
+        pieces.append(new._replace(end=new.end + begin))
+        acc = filled._replace(accumulator=filled.accumulator.detach())
+        if episode_end:  # some rows' episode ends after step t: commit the partial chunk, restart
+            partial = partial_chunk(filled, done[:, t])
+            pieces.append(partial._replace(end=torch.full_like(partial.valid, t, dtype=torch.long)))
+            acc = acc.cleared(done[:, t])
+        begin = t + 1
+    keys, contents, slots, valid, end = (torch.cat([getattr(piece, field) for piece in pieces], 1)
+                                         for field in ("keys", "contents", "slots", "valid", "end"))
+    episode = episodes.in_call.gather(1, end.clamp(0, N - 1))  # the episode of the step committing each chunk
+    return NewChunks(keys, contents, slots, valid, end, episode), acc
+
+
+def call_chunks_reference(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int,
+                          done: Tensor | None = None) -> tuple[list[list[dict]], list[dict]]:
+    """The naive reference of ``call_chunks``: per row, a loop over the steps, appended to a list; a
+    chunk is committed when it holds ``C`` steps (keeping the last ``overlap`` for the next) and at an
+    episode end (``done [B, N]``) when it holds a step not yet in memory. Returns, per row, the committed
+    chunks in order (``contents [C, D]`` with empty slots zero, ``slots [C]``, ``key [D]``, ``end``,
+    ``episode``) and the accumulator after (``steps [fill, D]``, ``carried``)."""
+    B, N, D = x.shape
+    C = acc.accumulator.shape[1]
+
+    def chunk(steps: list[Tensor], end: int, episode: int) -> dict:
+        stacked = torch.stack(steps)
+        contents = torch.cat([stacked, stacked.new_zeros(C - len(steps), D)])
+        return {"contents": contents, "slots": torch.arange(C) < len(steps), "key": stacked.mean(0),
+                "end": end, "episode": episode}
+
+    chunks, after = [], []
+    for b in range(B):
+        steps = list(acc.accumulator[b, : int(acc.fill[b])])
+        carried, episode, row = int(acc.carried[b]), 0, []
+        for t in range(int(lengths[b])):
+            steps.append(x[b, t])
+            if len(steps) == C:
+                row.append(chunk(steps, t, episode))
+                steps, carried = steps[C - overlap :], overlap
+            if done is not None and done[b, t]:
+                if len(steps) > carried:
+                    row.append(chunk(steps, t, episode))
+                steps, carried, episode = [], 0, episode + 1
+        chunks.append(row)
+        after.append({"steps": torch.stack(steps) if steps else x.new_zeros(0, D), "carried": carried})
+    return chunks, after
+
+
+# =============================================================================================
+# Committing them into the ring buffer
+# =============================================================================================
+
+
+def commit_chunks(memory, chunks: NewChunks) -> dict[str, Tensor]:
+    """The fields of ``memory`` (a ``chronomem.htm.HierarchicalMemory``) that change when the valid
+    ``chunks`` (``keys``, ``contents``, ``slots``, ``valid``; in commit order) are put into its ring
+    buffer: ``keys``, ``contents``, ``slot_valid``, ``valid``, ``chunk_id`` and ``committed``."""
+    B, M = memory.valid.shape
+    K = chunks.valid.shape[1]
+    if K == 0:
+        return {}
+    valid = chunks.valid
+    count = valid.sum(1)  # [B]
+    i = valid.long().cumsum(1) - 1  # commit rank of each valid chunk
+    # Only the newest M of this call's chunks survive; the rest would be evicted at once.
+    keep = valid & (i >= count[:, None] - M)
+    slot = torch.where(keep, (memory.committed[:, None] + i) % M, M)  # M = a scratch slot, dropped
+    ids = memory.committed[:, None] + i
+
+    def put(old: Tensor, new: Tensor) -> Tensor:
+        buf = torch.cat([old, old.new_zeros((B, 1) + tuple(old.shape[2:]))], dim=1)
+        index = slot.view(B, K, *([1] * (old.dim() - 2))).expand((B, K) + tuple(old.shape[2:]))
+        return buf.scatter(1, index, new.to(old.dtype)).narrow(1, 0, M)
+
+    return {"keys": put(memory.keys, chunks.keys), "contents": put(memory.contents, chunks.contents),
+            "slot_valid": put(memory.slot_valid, chunks.slots), "valid": put(memory.valid, keep),
+            "chunk_id": put(memory.chunk_id, ids), "committed": memory.committed + count}
+
+
+def commit_chunks_reference(memory, chunks: NewChunks) -> dict[str, Tensor]:
+    """The naive reference of ``commit_chunks``: the valid chunks put one by one, chunk number
+    ``committed`` into slot ``committed % M``."""
+    fields = {name: getattr(memory, name).clone() for name in ("keys", "contents", "slot_valid", "valid",
+                                                               "chunk_id", "committed")}
+    B, M = memory.valid.shape
+    for b in range(B):
+        for j in range(chunks.valid.shape[1]):
+            if not chunks.valid[b, j]:
+                continue
+            n = int(fields["committed"][b])
+            slot = n % M
+            fields["keys"][b, slot] = chunks.keys[b, j]
+            fields["contents"][b, slot] = chunks.contents[b, j]
+            fields["slot_valid"][b, slot] = chunks.slots[b, j]
+            fields["valid"][b, slot] = True
+            fields["chunk_id"][b, slot] = n
+            fields["committed"][b] = n + 1
+    return fields
+
+
+# =============================================================================================
+# What each query may read
+# =============================================================================================
+
+
+def chunks_to_read(memory, new: NewChunks, n: int, episodes: Episodes | None = None) -> ReadChunks:
+    """The stored chunks of ``memory`` (a ``chronomem.htm.HierarchicalMemory`` before the call) and the
+    ``new`` chunks its call of ``n`` steps commits (``call_chunks``), with the per-query visibility mask:
+    a chunk committed before the query (its last step earlier), among the newest ``M`` (the ring buffer
+    at the query's time), and, unless ``keep_across_episodes``, of the query's episode (stored chunks
+    belong to episode 0)."""
+    M, device, dtype = memory.capacity, memory.keys.device, memory.keys.dtype
+    if episodes is None and new.valid.shape[1] == 0:
+        # Nothing committed in the call (an agent's step, mostly): the stored chunks are the ring
+        # buffer at every query's time, so validity alone is the mask.
+        return ReadChunks(memory.keys, memory.contents, memory.slot_valid, memory.valid, None)
+    query = torch.arange(n, device=device)[None, :, None]  # query index in the call
+    # Chunks committed before the query: the stored ones plus new chunks whose last step is earlier.
+    new_seen = new.valid[:, None, :] & (new.end[:, None, :] < query)  # [B, n, K]
+    before = memory.committed[:, None] + new_seen.sum(-1)  # [B, n]
+    oldest = (before - M)[..., None]  # the ring buffer holds chunk ids >= before - M
+    old_seen = memory.valid[:, None, :] & (memory.chunk_id[:, None, :] >= oldest)
+    counted = new.valid.long()
+    new_ids = memory.committed[:, None] + counted.cumsum(1) - counted  # commit order of the valid ones
+    new_seen = new_seen & (new_ids[:, None, :] >= oldest)
+    if episodes is not None and not memory.keep_across_episodes:  # the memory was cleared at each end
+        episode = episodes.in_call
+        old_seen = old_seen & (episode == 0)[..., None]
+        new_seen = new_seen & (new.episode[:, None, :] == episode[..., None])
+    return ReadChunks(
+        torch.cat([memory.keys, new.keys.to(dtype)], 1),
+        torch.cat([memory.contents, new.contents.to(dtype)], 1),
+        torch.cat([memory.slot_valid, new.slots], 1),
+        torch.cat([memory.valid, new.valid], 1),
+        torch.cat([old_seen, new_seen], -1),
+    )
+
+
+def chunks_to_read_reference(memory, new: NewChunks, n: int, episodes: Episodes | None = None) -> Tensor:
+    """The naive reference of ``chunks_to_read``'s mask ``[B, n, M + K]``: for each query, replay the
+    ring buffer: the stored chunks oldest first, then the call's chunks committed before the query,
+    keeping the newest ``M``, emptied at each episode end unless ``keep_across_episodes``."""
+    B, M = memory.valid.shape
+    K = new.valid.shape[1]
+    keep = memory.keep_across_episodes
+    mask = torch.zeros(B, n, M + K, dtype=torch.bool)
+    for b in range(B):
+        stored = [m for _, m in sorted((int(memory.chunk_id[b, m]), m) for m in range(M) if memory.valid[b, m])]
+        for q in range(n):
+            buffer, episode = list(stored), 0
+            for j in range(K):  # the call's chunks, in commit order
+                if not new.valid[b, j] or int(new.end[b, j]) >= q:
+                    continue
+                chunk_episode = 0 if new.episode is None else int(new.episode[b, j])
+                if not keep and chunk_episode != episode:  # cleared at the episode end
+                    buffer, episode = [], chunk_episode
+                buffer = (buffer + [M + j])[-M:]
+            if not keep and episodes is not None and int(episodes.in_call[b, q]) != episode:
+                buffer = []  # the query's episode has committed nothing yet
+            mask[b, q, buffer] = True
+    return mask

@@ -1,0 +1,162 @@
+"""HTM's chunk machinery against its naive references: the chunks a call completes (values, and
+gradients into the steps), their commit into the ring buffer, and what each query may read of them."""
+
+import pytest
+import torch
+
+from chronomem.htm import HierarchicalMemory
+from chronomem.ops.htm_chunks import (
+    Accumulator,
+    NewChunks,
+    call_chunks,
+    call_chunks_reference,
+    chunks_to_read,
+    chunks_to_read_reference,
+    commit_chunks,
+    commit_chunks_reference,
+)
+from chronomem.ops.htm_local import call_episodes
+
+torch.set_num_threads(1)
+
+B, N, C, D = 3, 17, 4, 5
+
+
+def random_accumulator(overlap, generator, dtype=torch.float64):
+    """A chunk being filled: some steps, the first ``carried`` of them carried over by the overlap."""
+    fill = torch.tensor([0, 1, C - 1])
+    carried = torch.minimum(fill, torch.tensor([0, overlap, overlap]))
+    steps = torch.randn(B, C, D, generator=generator, dtype=dtype)
+    accumulator = steps * (torch.arange(C)[None, :] < fill[:, None])[..., None]
+    return Accumulator(accumulator, fill, carried)
+
+
+def dones_for(kind, generator):
+    if kind == "none":
+        return None
+    if kind == "shared":  # every row ends at the same steps
+        done = torch.zeros(B, N, dtype=torch.bool)
+        done[:, [2, 9]] = True
+        return done
+    done = torch.rand(B, N, generator=generator) < 0.15
+    done[0, 5] = done[1, 6] = True
+    return done
+
+
+def weighted_sum(chunks_per_row, weights):
+    """sum over each row's chunks (in commit order) of weights . (contents, key): what the gradient test
+    differentiates, the same function for both paths."""
+    total = 0.0
+    for b, row in enumerate(chunks_per_row):
+        for rank, (contents, key) in enumerate(row):
+            total = total + (weights[0][b, rank] * contents).sum() + (weights[1][b, rank] * key).sum()
+    return total
+
+
+@pytest.mark.parametrize("overlap", [0, 1, 2])
+@pytest.mark.parametrize("dones", ["none", "shared", "random"])
+def test_call_chunks_match_the_reference(overlap, dones):
+    """``call_chunks`` (whole-chunk tensor ops, a loop over the distinct episode ends only) == a loop over
+    the steps of each row: every committed chunk in order (contents, stored slots, key, the step that
+    commits it, its episode) and the accumulator after; with ``detach=False``, the gradients into the
+    steps and the incoming accumulator. Padded steps are not stored."""
+    g = torch.Generator().manual_seed(overlap)
+    acc = random_accumulator(overlap, g)
+    x = torch.randn(B, N, D, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([N, 11, N])
+    done = dones_for(dones, g)
+    episodes = None if done is None else call_episodes(done, lengths, torch.zeros(B, dtype=torch.long), cache=0)
+    x_in, acc_in = x.clone().requires_grad_(True), acc.accumulator.clone().requires_grad_(True)
+    new, after = call_chunks(acc._replace(accumulator=acc_in), x_in, lengths, overlap, episodes, detach=False)
+    x_ref, acc_ref = x.clone().requires_grad_(True), acc.accumulator.clone().requires_grad_(True)
+    want, want_after = call_chunks_reference(acc._replace(accumulator=acc_ref), x_ref, lengths, overlap,
+                                             None if episodes is None else episodes.done)
+    got = []
+    for b in range(B):
+        committed = new.valid[b].nonzero().flatten().tolist()
+        assert len(committed) == len(want[b]) > 0
+        for j, chunk in zip(committed, want[b], strict=True):
+            torch.testing.assert_close(new.contents[b, j], chunk["contents"])
+            torch.testing.assert_close(new.keys[b, j], chunk["key"])
+            assert torch.equal(new.slots[b, j], chunk["slots"]) and int(new.end[b, j]) == chunk["end"]
+            assert int(new.episode[b, j] if done is not None else 0) == chunk["episode"]
+        fill = int(after.fill[b])
+        torch.testing.assert_close(after.accumulator[b, :fill], want_after[b]["steps"])
+        assert not after.accumulator[b, fill:].any() and int(after.carried[b]) == want_after[b]["carried"]
+        got.append([(new.contents[b, j], new.keys[b, j]) for j in committed])
+    if dones == "random":
+        # call_chunks carries the accumulator detached across the steps where some row's episode ends, so
+        # a chunk of another row that spans such a step passes no gradient to the steps before it (its
+        # docstring); gradients are compared where no accumulator crosses an end: no ends, or shared ones.
+        return
+    weights = [torch.randn(B, max(map(len, want)), *shape, generator=g, dtype=torch.float64)
+               for shape in ((C, D), (D,))]
+    grads = torch.autograd.grad(weighted_sum(got, weights), (x_in, acc_in))
+    reference = [[(c["contents"], c["key"]) for c in row] for row in want]
+    grads_want = torch.autograd.grad(weighted_sum(reference, weights), (x_ref, acc_ref))
+    for a, b in zip(grads, grads_want, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b)
+
+
+def stored_memory(keep, overlap, generator, lengths=(15, 6, 2)):
+    """A memory holding some chunks, some of them evicted already (M = 3)."""
+    mem = HierarchicalMemory.empty(B, 3, C, D, overlap=overlap, keep_across_episodes=keep, dtype=torch.float64)
+    mask = torch.arange(15)[None] < torch.tensor(lengths)[:, None]
+    return mem.write(torch.randn(B, 15, D, generator=generator, dtype=torch.float64), mask=mask)
+
+
+def test_commit_chunks_matches_the_reference():
+    """``commit_chunks`` (one scatter per field, only the newest M of a call's chunks kept) == putting
+    the valid chunks into the ring buffer one by one, more than M of them in a row included."""
+    g = torch.Generator().manual_seed(4)
+    mem = stored_memory(False, 0, g)
+    K = 7
+    valid = torch.rand(B, K, generator=g) < 0.6
+    valid[0] = True  # 7 chunks into a buffer of 3: the oldest 4 are evicted at once
+    valid[2] = False  # nothing to commit
+    chunks = NewChunks(torch.randn(B, K, D, generator=g, dtype=torch.float64),
+                       torch.randn(B, K, C, D, generator=g, dtype=torch.float64),
+                       torch.rand(B, K, C, generator=g) < 0.7, valid)
+    got, want = commit_chunks(mem, chunks), commit_chunks_reference(mem, chunks)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert commit_chunks(mem, NewChunks(*(t[:, :0] for t in chunks[:4]))) == {}  # no chunk: nothing changes
+
+
+@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("overlap", [0, 1])
+@pytest.mark.parametrize("dones", ["none", "random"])
+def test_chunks_to_read_matches_the_reference(keep, overlap, dones):
+    """``chunks_to_read``'s per-query mask (chunk ids against the ring buffer at each query's time) ==
+    replaying the ring buffer for each query: the stored chunks, then the call's chunks committed before
+    the query, the newest M kept, emptied at each episode end unless ``keep_across_episodes``. The chunks
+    read are the stored ones then the new ones."""
+    g = torch.Generator().manual_seed(5 + overlap)
+    mem = stored_memory(keep, overlap, g)
+    x = torch.randn(B, N, D, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([N, 12, N])
+    done = dones_for(dones, g)
+    episodes = None if done is None else call_episodes(done, lengths, torch.zeros(B, dtype=torch.long), cache=0)
+    new, _ = call_chunks(mem.filling, x, lengths, overlap, episodes)
+    read = chunks_to_read(mem, new, N, episodes)
+    assert torch.equal(read.keys, torch.cat([mem.keys, new.keys], 1))
+    assert torch.equal(read.contents, torch.cat([mem.contents, new.contents], 1))
+    assert torch.equal(read.slot_valid, torch.cat([mem.slot_valid, new.slots], 1))
+    want = chunks_to_read_reference(mem, new, N, episodes)
+    assert torch.equal(read.mask, want)
+    assert torch.equal(read.tail(5).mask, want[:, -5:])
+    assert want[:, :, 3:].any() and (dones == "none" or not want[0, -1, :3].any() or keep)
+
+
+def test_a_call_that_completes_no_chunk_reads_the_stored_ones():
+    """Nothing committed in the call and no episode end: every query reads every stored chunk (no mask)."""
+    g = torch.Generator().manual_seed(6)
+    mem = stored_memory(False, 0, g, lengths=(14, 6, 2))  # no row one step short of a full chunk
+    x = torch.randn(B, 1, D, generator=g, dtype=torch.float64)
+    new, _ = call_chunks(mem.filling, x, torch.ones(B, dtype=torch.long), 0)
+    assert new.valid.shape[1] == 0
+    read = chunks_to_read(mem, new, 1)
+    assert read.mask is None and read.keys is mem.keys
+    assert torch.equal(chunks_to_read_reference(mem, new, 1), mem.valid[:, None, :])
