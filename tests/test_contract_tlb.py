@@ -71,7 +71,8 @@ def test_any_split_with_padding_and_dones():
                 start = end
             torch.testing.assert_close(torch.cat(outputs, 1), whole, atol=1e-10, rtol=0)
             torch.testing.assert_close(s.memory, state.memory, atol=1e-10, rtol=0)
-            assert torch.equal(s.fill, state.fill) and torch.equal(s.slot_valid, state.slot_valid)
+            assert torch.equal(s.cache.fill, state.cache.fill)
+            assert torch.equal(s.cache.slot_valid, state.cache.slot_valid)
 
 
 def test_no_gradient_crosses_an_episode_end():
@@ -89,13 +90,14 @@ def test_the_state_carries_the_partial_chunk():
     model = make("ours", 4, seed=14)
     x = randn64(2, 6, D, seed=15)
     _, state = model(x)
-    assert state.fill.tolist() == [2, 2] and state.chunks.tolist() == [1, 1]
-    assert state.slot_valid[:, :2].all() and not state.slot_valid[:, 2:].any()
-    assert state.partial[:, 2:].abs().max() == 0
-    assert len(state.chunk_keys) == len(state.chunk_values) == 2  # depth 2 x R = 1 self-attention layers
-    assert state.chunk_keys[0].shape == (2, 2, 4, D // 2) and state.chunk_keys[0][:, :, 2:].abs().max() == 0
+    cache = state.cache
+    assert cache.fill.tolist() == [2, 2] and state.chunks.tolist() == [1, 1]
+    assert cache.slot_valid[:, :2].all() and not cache.slot_valid[:, 2:].any()
+    assert cache.outputs[:, 2:].abs().max() == 0
+    assert len(cache.chunk_keys) == len(cache.chunk_values) == 2  # depth 2 x R = 1 self-attention layers
+    assert cache.chunk_keys[0].shape == (2, 2, 4, D // 2) and cache.chunk_keys[0][:, :, 2:].abs().max() == 0
     # The cached keys/values of the cross-attention's context LN(I + P), one per group.
-    for group, keys, values in zip(model.groups, state.memory_keys, state.memory_values, strict=True):
+    for group, keys, values in zip(model.groups, cache.memory_keys, cache.memory_values, strict=True):
         want_k, want_v = group.cross.attn.heads_kv(group.cross.norm_context(state.memory + model.slot_encoding))
         torch.testing.assert_close(keys, want_k, atol=1e-12, rtol=0)
         torch.testing.assert_close(values, want_v, atol=1e-12, rtol=0)
@@ -103,14 +105,14 @@ def test_the_state_carries_the_partial_chunk():
     z = randn64(2, 2, D, seed=16)
     _, after = model(z, state)
     _, whole = model(torch.cat([x, z], 1))
-    assert after.fill.tolist() == [0, 0] and after.chunks.tolist() == [2, 2]
+    assert after.cache.fill.tolist() == [0, 0] and after.chunks.tolist() == [2, 2]
     torch.testing.assert_close(after.memory, whole.memory, atol=1e-10, rtol=0)
-    # A state made by hand without the partial chunk (e.g. only memory) starts an empty chunk.
+    # A state made by hand without the chunk cache (e.g. only memory) starts an empty chunk.
     bare = TLBState(after.memory, after.chunks, after.fresh)
     torch.testing.assert_close(model(x, bare)[0], model(x, after)[0], atol=1e-12, rtol=0)
     # reset empties it (the row starts a new chunk from I_0), as init_state does.
     cleared = state.reset(torch.tensor([True, False]))
-    assert cleared.fill.tolist() == [0, 2] and not cleared.slot_valid[0].any()
+    assert cleared.cache.fill.tolist() == [0, 2] and not cleared.cache.slot_valid[0].any()
     y, _ = model(z, cleared)
     torch.testing.assert_close(y[:1], model(z[:1])[0], atol=1e-10, rtol=0)
 
@@ -129,7 +131,7 @@ def test_bad_done():
     with pytest.raises(ValueError, match="partial chunk"):
         non_causal(x, state)
     other = make("ours", 5)  # another chunk size: the partial chunk does not fit
-    with pytest.raises(ValueError, match="state.slot_valid"):
+    with pytest.raises(ValueError, match="state.cache.slot_valid"):
         other(x, state)
 
 
