@@ -17,17 +17,16 @@ from chronomem.agents import ActorCritic
 from chronomem.envs.make import env_seeds, make_env, make_vector_env
 from chronomem.progress import Progress
 from chronomem.rl.ppo import Args, as_tensor, make_agent, obs_map
-from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run
+from chronomem.train.checkpoint import CheckpointError, load_weights
 from chronomem.train.distributed import default_device
+from chronomem.train.resume import find_run
 
 
 def load_agent(run: str | Path, env_id: str | None = None, device=None) -> tuple[ActorCritic, Args, Path]:
     """``(agent, args, checkpoint)`` of a PPO run (a run directory: its newest checkpoint; or one of its
     checkpoints), the agent built for ``env_id`` (default: the run's own env) in eval mode."""
-    run_dir, checkpoint = locate_run(Path(run))
-    saved = load_config(run_dir)
-    if saved.get("kind") != "ppo":
-        raise CheckpointError(f"{run_dir / 'config.json'} is not a PPO run (written by chronomem rl train)")
+    found = find_run(run, kind="ppo")
+    run_dir, checkpoint, saved = found.dir, found.checkpoint, found.config
     if checkpoint is None:
         raise CheckpointError(f"no checkpoint in {run_dir}: expected {run_dir / 'checkpoints' / 'step_N'}")
     args = Args(**saved["args"])

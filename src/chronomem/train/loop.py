@@ -384,12 +384,19 @@ def _trainer_state(step: int, optimizer, scheduler, seconds: float, cfg: TrainCo
     }
 
 
-def build(spec: dict[str, Any]):
-    """``(model, task)`` from a JSON-able spec: ``{"model", "model_options", "task", "task_options"}``."""
+def build(spec: dict[str, Any], progress: bool = True):
+    """``(model, task)`` from a JSON-able spec: ``{"model", "model_options", "task", "task_options"}``.
+    A task that reports its own long steps (ListOps generates its data at the first batch) is told
+    ``progress``; it is not a task option, so it stays out of the spec and config.json."""
+    import inspect
+
     from chronomem.heads import build_model
     from chronomem.registry import get_task
 
-    task = get_task(spec["task"])(**spec.get("task_options", {}))
+    make_task, options = get_task(spec["task"]), dict(spec.get("task_options", {}))
+    if "progress" in inspect.signature(make_task).parameters:
+        options["progress"] = progress
+    task = make_task(**options)
     model = build_model(spec["model"], task, **spec.get("model_options", {}))
     return model, task
 
@@ -397,7 +404,7 @@ def build(spec: dict[str, Any]):
 def train_spec(spec: dict[str, Any], cfg: TrainConfig, resume: str | Path | Run | None = None) -> TrainResult:
     """Build from ``spec`` with the seed of ``cfg`` and train; the entry point of ``chronomem train``."""
     torch.manual_seed(cfg.seed)
-    model, task = build(spec)
+    model, task = build(spec, progress=cfg.progress)
     return train(model, task, cfg, spec=spec, resume=resume)
 
 
