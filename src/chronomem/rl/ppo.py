@@ -542,6 +542,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         ranks = f", {ctx.world_size} ranks" if ctx.distributed else ""
         reporter = Progress(num_updates * frames_per_update, f"{args.core} on {args.env}, seed {args.seed}{ranks}",
                             args.progress and ctx.is_main, unit="frame", initial=frames, unit_scale=True)
+        reporter.update(frames, {"mean return": "—"})  # until an episode ends; fixes the order of the metrics
         next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
