@@ -1,9 +1,9 @@
 """An experiment reproduces one paper table: typed scales, the paper's numbers, and a runner.
 
-``Experiment.run(scale, out, seed, models=None, time_budget=None, progress=True)`` trains and evaluates
-the scale's models (or only the ones named in ``models``, checked with ``select_models``), showing the
-progress of every run, evaluation and data generator it starts when ``progress`` (passed down
-explicitly: ``chronomem.progress``), and returns::
+``Experiment.run(scale, out, seed, models=None, time_budget=None, progress=True, jobs=SEQUENTIAL)`` trains
+and evaluates the scale's models (or only the ones named in ``models``, checked with ``select_models``),
+showing the progress of every run, evaluation and data generator it starts when ``progress`` (passed
+down explicitly: ``chronomem.progress``), and returns::
 
     {"results": {model: {setting: value}}, "config": {...}, "extra": {...optional...}}
 
@@ -12,6 +12,12 @@ where a value is a number (accuracy in %, or what ``metric`` says) or a string s
 (keys ``experiment``, ``scale``, ``seed``, ``metric``, ``results``, ``paper``, ``config``, ``seconds``,
 ``code``: the version and git commit that made it, ``extra``), ``OUT/report.md`` (ours beside the paper's)
 and ``OUT/results.png``. ``config["models"]`` names the models that ran.
+
+``jobs`` (``chronomem.experiments.jobs.Jobs``; ``chronomem run --jobs K``): the experiment's independent
+runs (models x seeds, and environments for the RL experiments) go to ``Jobs.map``, which runs them in
+this process or in K processes of one torch thread each, with the same numbers. Every experiment
+here takes it (``TrainRun`` and ``train_run`` are the supervised experiments' job); one whose ``run``
+does not is refused ``jobs`` above 1.
 
 A scale (``smoke``, ``tour``, ``quick``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
 that fixes step counts, never a wall-clock time: the same seed gives the same table on an idle
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chronomem.experiments.jobs import Jobs
 from chronomem.report import json_default, plot_results, report_markdown
 
 SCALES = ("smoke", "tour", "quick", "paper")
@@ -76,7 +83,7 @@ class Scale:
 class Experiment:
     name: str
     description: str
-    run: Callable[..., dict]  # run(scale, out, seed, models=None, time_budget=None, progress=True) -> dict
+    run: Callable[..., dict]  # run(scale, out, seed, models=None, time_budget=None, progress=True, jobs=...) -> dict
     paper: Table = field(default_factory=dict)
     metric: str = "test accuracy (%)"
     paper_source: str = ""
@@ -110,9 +117,21 @@ def select_models(available, models=None, experiment: str = "this experiment") -
     return tuple(m for m in available if m in models)
 
 
+def jobs_option(experiment: Experiment, jobs: int | Jobs) -> dict[str, Jobs]:
+    """``{"jobs": Jobs}`` for ``experiment.run`` if it takes ``jobs``; ``{}`` if it does not and ``jobs``
+    is one process; a ValueError naming ``--jobs`` if it does not and more were asked for."""
+    jobs = Jobs.of(jobs)
+    if "jobs" in inspect.signature(experiment.run).parameters:
+        return {"jobs": jobs}
+    if jobs.processes > 1:
+        raise ValueError(f"--jobs {jobs.processes}: {experiment.name} runs its runs one after the other in one "
+                         "process; leave --jobs out")
+    return {}
+
+
 def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0, models=None,
                    progress: bool = True, time_budget: float | None = None, data_dir: str | None = None,
-                   resume: bool = False) -> dict:
+                   resume: bool = False, jobs: int | Jobs = 1) -> dict:
     """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs.
 
     ``progress``: passed to ``experiment.run``, which passes it to every training run (each model and
@@ -124,13 +143,17 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     that reads data files (``lm``: enwik8) finds them; an experiment whose ``run`` takes no
     ``data_dir`` rejects it. ``resume``: continue an interrupted run of the same experiment, scale and
     seed in ``out``, reusing the runs (model and seed) it finished; only experiments whose ``run`` takes
-    ``resume`` (the RL ones, whose runs take hours) offer it."""
+    ``resume`` (the RL ones, whose runs take hours) offer it. ``jobs``: how many of the experiment's
+    independent runs go at once, each in its own process with one torch thread (an int), or a
+    ``Jobs`` (its ``threads`` per process); the numbers are those of ``jobs=1``, which runs them one
+    after the other here (``chronomem.experiments.jobs``). results.json's ``config["jobs"]`` records it."""
     if scale not in experiment.scales:
         raise ValueError(f"scale of {experiment.name} must be one of {experiment.scales}, got {scale!r}")
     if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
                                     or not (time_budget > 0 and math.isfinite(time_budget))):
         raise ValueError(f"time_budget must be a positive number of seconds or None, got {time_budget!r}")
-    options = {}
+    jobs = Jobs.of(jobs)
+    options = jobs_option(experiment, jobs)
     if data_dir is not None:
         if "data_dir" not in inspect.signature(experiment.run).parameters:
             raise ValueError(f"data_dir (--data-dir): {experiment.name} reads no data files, got {str(data_dir)!r}")
@@ -155,7 +178,7 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
         raise
     if "paper" not in produced:  # the paper's rows of the models that ran (a scale or --models may pick some)
         produced["paper"] = {m: row for m, row in experiment.paper.items() if m in produced["results"]}
-    produced["config"] = {**produced.get("config", {}), "time_budget": time_budget}
+    produced["config"] = {**produced.get("config", {}), "time_budget": time_budget, "jobs": jobs.processes}
     if resume:  # its seconds are this call's: the runs it loaded took theirs in the interrupted call
         produced["config"]["resumed"] = True
     return finish(experiment, produced.get("scale", scale), out, produced, time.perf_counter() - start, seed)
@@ -202,6 +225,24 @@ def finish(experiment: Experiment, scale: str, out: Path, produced: dict, second
     (out / "report.md").write_text(report_markdown(experiment, results))  # chronomem.report renders
     plot_results(results, out / "results.png", experiment.metric)
     return results
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """One training run of a supervised experiment: the arguments of ``train_and_evaluate``, picklable,
+    so that ``Jobs.map(train_run, runs)`` can run it in another process."""
+
+    model: str
+    task: Any
+    model_options: dict
+    train_config: Any  # chronomem.train.TrainConfig
+    eval_tasks: dict | None = None
+    out: str | None = None
+
+
+def train_run(run: TrainRun) -> dict:
+    """``train_and_evaluate`` of ``run`` (the job function of ``Jobs.map``)."""
+    return train_and_evaluate(run.model, run.task, run.model_options, run.train_config, run.eval_tasks, run.out)
 
 
 def train_and_evaluate(model: str, task, model_options: dict, train_config, eval_tasks: dict | None = None,

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, Scale, select_models, train_and_evaluate
+from chronomem.experiments.base import Experiment, Scale, TrainRun, select_models, train_run
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import get_task, register_experiment
 
 LEVELS = ("2_delay16", "8_delay16", "8_delay48")  # the levels of Table 3
@@ -85,17 +86,17 @@ BALLET_SCALES = {
 
 
 def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-            time_budget: float | None = None, progress: bool = True) -> dict:
+            time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
     s = BALLET_SCALES[scale]
     models = select_models(s.models, models, "ballet")
     task = get_task("ballet")(level="mixed", levels=s.train_levels, questions=s.questions)
     levels = {level: get_task("ballet")(level=level, questions=s.questions) for level in s.levels}
+    # The class is read at the cue (a classifier's last step, or the tagger's question steps), after
+    # the model has streamed the episode.
+    runs = [TrainRun(model, task, dict(s.models[model], pooling="last"), s.train_config(seed, time_budget, progress),
+                     eval_tasks=levels) for model in models]
     results, extra = {}, {}
-    for model in models:
-        # The class is read at the cue (a classifier's last step, or the tagger's question steps),
-        # after the model has streamed the episode.
-        options = dict(s.models[model], pooling="last")
-        row = train_and_evaluate(model, task, options, s.train_config(seed, time_budget, progress), eval_tasks=levels)
+    for model, row in zip(models, jobs.map(train_run, runs), strict=True):
         results[model] = row["eval"]
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
         extra[model]["accuracy_on_training_mixture"] = row["accuracy"]
@@ -159,7 +160,7 @@ PAI_SCALES = {
 
 
 def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, progress: bool = True) -> dict:
+         time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
     s = PAI_SCALES[scale]
     pai = lambda query: get_task("pai")(n_triplets=s.n_triplets, item_dim=s.item_dim, query=query)
     # MEMO's data (used unmodified by paper 001, App. B.4) trains on AB, BC and AC trials alike and
@@ -186,9 +187,10 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
         "transformer": dict(common),
     }
     configs = {m: configs[m] for m in select_models(configs, models, "pai")}
+    runs = [TrainRun(model, task, options, s.train_config(seed, time_budget, progress), eval_tasks=evals)
+            for model, options in configs.items()]
     results, extra = {}, {}
-    for model, options in configs.items():
-        row = train_and_evaluate(model, task, options, s.train_config(seed, time_budget, progress), eval_tasks=evals)
+    for model, row in zip(configs, jobs.map(train_run, runs), strict=True):
         results[model] = row["eval"]
         extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
         extra[model]["accuracy_on_training_mixture"] = row["accuracy"]

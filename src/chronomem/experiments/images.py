@@ -41,8 +41,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from chronomem.experiments.base import Experiment, Scale, select_models, train_and_evaluate
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import register_experiment
 from chronomem.tasks.images import DATASETS, ImageTask
 
@@ -141,30 +143,59 @@ def paper_table(s: ImageScale) -> dict:
     return table
 
 
+@dataclass(frozen=True)
+class ImageRun:
+    """One training run (a dataset, a row, a seed), the job of ``Jobs.map``: the task is read from the
+    data files where the run happens, not sent to it (tens of MB per run)."""
+
+    dataset: str
+    data_dir: str | None
+    resolution: int
+    patch_size: int
+    factors: tuple[int, ...]
+    model: str
+    options: dict
+    train_config: Any  # chronomem.train.TrainConfig
+    out: str
+
+
+def _train_image_run(run: ImageRun) -> dict:
+    """Train ``run`` at its resolution and test it at each factor's."""
+    task = ImageTask(dataset=run.dataset, resolution=run.resolution, patch_size=run.patch_size, data_dir=run.data_dir)
+    others = {f"{k}x": task.with_resolution(run.resolution * k) for k in run.factors if k != 1}
+    return train_and_evaluate(run.model, task, run.options, run.train_config, eval_tasks=others, out=run.out)
+
+
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, data_dir: str | None = None, progress: bool = True) -> dict:
+         time_budget: float | None = None, data_dir: str | None = None, progress: bool = True,
+         jobs: Jobs = SEQUENTIAL) -> dict:
     s = SCALES[scale]
     rows = select_models(MODELS, models, "resolution-transfer")
     several = len(s.datasets) > 1
     results: dict = {m: {} for m in rows}
     extra: dict = {"per_seed": {}, "runs": {}, "paper_cifar10": with_kept(PAPER_CIFAR10)}
     tasks = {}
+    runs = []
     for dataset, batch in s.datasets:
+        # Read here first: a missing file stops the experiment before anything trains.
         task = ImageTask(dataset=dataset, resolution=s.resolution, patch_size=s.patch_size, data_dir=data_dir)
         tasks[dataset] = task.describe()
-        others = {f"{k}x": task.with_resolution(s.resolution * k) for k in s.factors if k != 1}
         for row in rows:
             model, options = model_options(row, s)
+            runs += [ImageRun(dataset, data_dir, s.resolution, s.patch_size, s.factors, model, options,
+                              s.train_config(seed + k, time_budget, progress, batch_size=batch),
+                              str(Path(out) / dataset / row / f"seed{seed + k}"))
+                     for k in range(s.seeds)]
+    trained = iter(jobs.map(_train_image_run, runs))
+    for dataset, _ in s.datasets:
+        for row in rows:
             accuracies: dict[str, list[float]] = {f"{k}x": [] for k in s.factors}
             for k in range(s.seeds):
-                run_seed = seed + k
-                config = s.train_config(run_seed, time_budget, progress, batch_size=batch)
-                got = train_and_evaluate(model, task, options, config, eval_tasks=others,
-                                         out=Path(out) / dataset / row / f"seed{run_seed}")
+                got = next(trained)
                 accuracies["1x"].append(got["accuracy"])
                 for name, value in got.get("eval", {}).items():
                     accuracies[name].append(value)
-                extra["runs"][f"{dataset}/{row}/seed{run_seed}"] = {
+                extra["runs"][f"{dataset}/{row}/seed{seed + k}"] = {
                     key: got[key] for key in ("seconds", "steps", "stopped_early", "parameters")}
             means = {name: statistics.fmean(values) for name, values in accuracies.items()}
             for name, value in means.items():

@@ -54,7 +54,8 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, Scale, select_models, train_and_evaluate
+from chronomem.experiments.base import Experiment, Scale, TrainRun, select_models, train_run
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import names, register_experiment
 from chronomem.tasks.listops import ListOpsTask
 
@@ -199,23 +200,26 @@ def _available(model: str) -> bool:
 
 
 def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-               time_budget: float | None = None, progress: bool = True) -> dict:
+               time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
     s = SCALES[scale]
     models = select_models(s.models, models, "listops")
     task = make_task(scale, seed, progress)
+    task.split("train")  # generated here, once (with the test and val splits): every run gets this data
+    trained = [m for m in models if _available(m)]
+    runs = [TrainRun(model, task, model_options(model, s), train_config(scale, seed + k, model, time_budget, progress),
+                     out=str(Path(out) / model / f"seed{seed + k}"))
+            for model in trained for k in range(s.seeds)]
+    rows = iter(jobs.map(train_run, runs))
     results, extra = {}, {"per_seed": {}, "runs": {}}
     for model in models:
-        if not _available(model):
+        if model not in trained:
             results[model] = {"accuracy": "not available"}
             continue
-        options = model_options(model, s)
         accuracies = []
         for k in range(s.seeds):
-            run_seed = seed + k
-            row = train_and_evaluate(model, task, options, train_config(scale, run_seed, model, time_budget, progress),
-                                     out=Path(out) / model / f"seed{run_seed}")
+            row = next(rows)
             accuracies.append(row["accuracy"])
-            extra["runs"][f"{model}/seed{run_seed}"] = {
+            extra["runs"][f"{model}/seed{seed + k}"] = {
                 key: row[key] for key in ("accuracy", "seconds", "steps", "stopped_early", "parameters")
             }
         results[model] = {"accuracy": statistics.fmean(accuracies)}
@@ -244,8 +248,8 @@ def describe_data(task: ListOpsTask) -> dict:
 
 
 def _run_listops(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                 time_budget: float | None = None, progress: bool = True) -> dict:
-    return _train_all(scale, out, seed, models, time_budget, progress)
+                 time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+    return _train_all(scale, out, seed, models, time_budget, progress, jobs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,6 +298,11 @@ def _evaluate_lengths(run_dir: Path, scale: str, device=None) -> dict[str, float
     return row
 
 
+def _evaluate_run(job: tuple[Path, str]) -> dict[str, float | str]:
+    """``_evaluate_lengths(run_dir, scale)`` of ``job = (run_dir, scale)`` (the job of ``Jobs.map``)."""
+    return _evaluate_lengths(*job)
+
+
 def _mean(values: list) -> float | str:
     """Mean over seeds; a string (e.g. "OOM") if any seed has one."""
     strings = [v for v in values if isinstance(v, str)]
@@ -301,21 +310,22 @@ def _mean(values: list) -> float | str:
 
 
 def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                time_budget: float | None = None, progress: bool = True) -> dict:
+                time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
     out = Path(out)
     models = select_models(SCALES[scale].models, models, "listops-length")
     listops_dir = out.parent / "listops"
     runs = _trained_runs(listops_dir, scale, models)
     source = str(listops_dir)
     if runs is None:  # train them here (same settings as the listops experiment)
-        trained = _train_all(scale, out / "listops", seed, models, time_budget, progress)
+        trained = _train_all(scale, out / "listops", seed, models, time_budget, progress, jobs)
         (out / "listops").mkdir(parents=True, exist_ok=True)
         (out / "listops" / "results.json").write_text(json.dumps({"scale": scale, **trained}, default=str))
         runs = _trained_runs(out / "listops", scale, models) or {}
         source = "trained here (no listops run at this scale in ../listops)"
     results, per_seed, kept = {}, {}, {}
+    evaluated = iter(jobs.map(_evaluate_run, [(d, scale) for dirs in runs.values() for d in dirs]))
     for model, dirs in runs.items():
-        rows = [_evaluate_lengths(d, scale) for d in dirs]
+        rows = [next(evaluated) for _ in dirs]
         per_seed[model] = {d.name: r for d, r in zip(dirs, rows, strict=True)}
         results[model] = {f"x{k}": _mean([r[f"x{k}"] for r in rows]) for k in FACTORS}
         x1, x4 = results[model]["x1"], results[model]["x4"]

@@ -11,20 +11,21 @@ the agent cannot use (one that does not take episode ends inside a call yet) get
 and its reason in ``extra``.
 
 The paper trains for 5M steps per environment and does not say how many evaluation episodes it
-averages, nor how many seeds. The runs of a scale are spread over ``workers`` processes (one torch
-thread each); each run is seeded on its own, so the numbers do not depend on the number of workers.
+averages, nor how many seeds. ``chronomem run minigrid-transfer --jobs K`` spreads the runs (pair x
+model x seed) over K processes of one torch thread each (``chronomem.experiments.jobs``; the quick
+scale was sized for 2); each run is seeded on its own, so the numbers do not depend on K.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chronomem.envs.minigrid import PAIRS
 from chronomem.experiments.base import Experiment, select_models
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.experiments.rl_runs import check_no_time_budget, ppo_run
 from chronomem.registry import register_experiment
 
@@ -68,7 +69,6 @@ class TransferScale:
     frames: int  # training frames per run (a multiple of num_envs * num_steps)
     episodes: int  # evaluation episodes per environment
     seeds: int  # runs per pair and model: seeds seed, seed + 1, ...
-    workers: int  # runs at once, one process each
     num_envs: int = 16  # rl-starter-files' PPO settings (docs/rl.md, "Defaults")
     num_steps: int = 128
     num_minibatches: int = 8
@@ -78,14 +78,13 @@ class TransferScale:
 
 SCALES: dict[str, TransferScale] = {
     # Seconds: 64 frames per run and evaluation episodes cut at 16 steps.
-    "smoke": TransferScale(pairs=("doorkey",), models=PAPER_MODELS, frames=64, episodes=4, seeds=2, workers=1,
-                           num_envs=4, num_steps=8, num_minibatches=2, dim=16, eval_max_steps=16),
-    # About two hours on 2 cores (docs/rl.md, "minigrid-transfer"): 120 updates of 16 x 128 frames.
+    "smoke": TransferScale(pairs=("doorkey",), models=PAPER_MODELS, frames=64, episodes=4, seeds=2, num_envs=4,
+                           num_steps=8, num_minibatches=2, dim=16, eval_max_steps=16),
+    # About two hours on 2 cores with --jobs 2 (docs/rl.md, "minigrid-transfer"): 120 updates of 16 x 128 frames.
     "quick": TransferScale(pairs=("doorkey", "memory"), models=PAPER_MODELS, frames=120 * 2048, episodes=100,
-                           seeds=3, workers=2),
+                           seeds=3),
     # Paper 004: 5M steps per environment (rounded up to whole rollouts by the trainer).
-    "paper": TransferScale(pairs=tuple(PAIRS), models=PAPER_MODELS, frames=5_000_000, episodes=1000, seeds=3,
-                           workers=2),
+    "paper": TransferScale(pairs=tuple(PAIRS), models=PAPER_MODELS, frames=5_000_000, episodes=1000, seeds=3),
 }
 
 EVAL_SEED = 1_000_000  # evaluation episodes are seeded apart from every training seed
@@ -151,23 +150,17 @@ def refusal(model: str, scale: TransferScale) -> str | None:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, resume: bool = False, progress: bool = True) -> dict:
+         time_budget: float | None = None, resume: bool = False, progress: bool = True,
+         jobs: Jobs = SEQUENTIAL) -> dict:
     check_no_time_budget("minigrid-transfer", time_budget)
 
     s = SCALES[scale]
     chosen = s.models if models is None else select_models(MODELS, models, "minigrid-transfer")
     refused = {m: reason for m in chosen if (reason := refusal(m, s)) is not None}
-    jobs = [Job(pair, model, seed + i, s, str(Path(out) / "runs" / pair / model / f"seed_{seed + i}"), progress,
+    runs = [Job(pair, model, seed + i, s, str(Path(out) / "runs" / pair / model / f"seed_{seed + i}"), progress,
                 resume)
             for pair in s.pairs for model in chosen if model not in refused for i in range(s.seeds)]
-    if s.workers > 1 and len(jobs) > 1:
-        import multiprocessing
-
-        with ProcessPoolExecutor(s.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows = list(pool.map(run_job, jobs))
-    else:
-        rows = [run_job(job) for job in jobs]
-    return summarise(rows, chosen, refused, s)
+    return summarise(jobs.map(run_job, runs), chosen, refused, s)
 
 
 def summarise(rows: list[dict], models: tuple[str, ...], refused: dict[str, str], s: TransferScale) -> dict:
