@@ -5,13 +5,21 @@ and evaluates the scale's models (or only the ones named in ``models``, checked 
 showing the progress of every run, evaluation and data generator it starts when ``progress`` (passed
 down explicitly: ``chronomem.progress``), and returns::
 
-    {"results": {model: {setting: value}}, "config": {...}, "extra": {...optional...}}
+    {"results": {model: {setting: value}}, "per_seed": {model: {setting: [value, ...]}}, "config": {...},
+     "extra": {...optional...}}
 
-where a value is a number (accuracy in %, or what ``metric`` says) or a string such as ``"OOM"``.
-``run_experiment`` adds the paper's numbers and the wall time, and writes ``OUT/results.json``
-(keys ``experiment``, ``scale``, ``seed``, ``metric``, ``results``, ``paper``, ``config``, ``seconds``,
-``code``: the version and git commit that made it, ``extra``), ``OUT/report.md`` (ours beside the paper's)
-and ``OUT/results.png``. ``config["models"]`` names the models that ran.
+where a value is a number (accuracy in %, or what ``metric`` says) or a string such as ``"OOM"``. An
+experiment that runs several seeds returns ``per_seed``: every seed's value of each cell, in seed
+order, exactly the values the cell averages (the report shows them, the 95% interval of their mean,
+and judges the claims by them). ``run_experiment`` adds the paper's numbers and the wall time, and
+writes ``OUT/results.json`` (keys ``experiment``, ``scale``, ``seed``, ``metric``, ``results``,
+``per_seed``, ``paper``, ``chance``, ``claims``, ``config``, ``seconds``, ``code``: the version and git
+commit that made it, ``extra``), ``OUT/report.md`` (ours beside the paper's, the seeds, chance and the
+claims judged) and ``OUT/results.png``. ``config["models"]`` names the models that ran.
+
+An experiment declares the papers' claims beside their numbers (``Experiment.claims``, each a
+``chronomem.report.Claim``: "model A scores above model B at these settings"); results.json records
+them with the chance level, and the report judges each from the numbers.
 
 ``jobs`` (``chronomem.experiments.jobs.Jobs``; ``chronomem run --jobs K``): the experiment's independent
 runs (models x seeds, and environments for the RL experiments) go to ``Jobs.map``, which runs them in
@@ -41,7 +49,15 @@ from pathlib import Path
 from typing import Any
 
 from chronomem.experiments.jobs import Jobs
-from chronomem.report import json_default, plot_results, report_markdown
+from chronomem.report import (
+    Claim,
+    experiment_claims,
+    json_default,
+    plot_results,
+    report_markdown,
+    resolve_chance,
+    several_experiments,
+)
 
 SCALES = ("smoke", "tour", "quick", "paper")
 Table = dict[str, dict[str, Any]]
@@ -89,9 +105,13 @@ class Experiment:
     paper_source: str = ""
     notes: str = ""
     scales: tuple[str, ...] = ("smoke", "quick", "paper")  # with "tour": part of ``chronomem run tour``
-    # A uniform guess's score in the metric's units, one for every setting or per setting; results.png
-    # marks it on each row (None: no chance level, e.g. one that must be measured).
-    chance: dict[str, float] | float | None = None
+    # A uniform guess's score in the metric's units, one for every setting or per setting, or a function
+    # of the run's results (a level the run measures, e.g. a random policy's return in its extra);
+    # results.png marks it on each row and the results table gives it a column (None: no chance level).
+    chance: dict[str, float] | float | Callable[[dict], dict | float | None] | None = None
+    chance_label: str = "chance"  # the column's name ("random policy" where the run measures one)
+    # The papers' claims, judged from the numbers by the report (chronomem.report.Claim, judge).
+    claims: tuple[Claim, ...] = ()
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -207,20 +227,26 @@ def code_version() -> dict[str, Any]:
 
 
 def finish(experiment: Experiment, scale: str, out: Path, produced: dict, seconds: float, seed: int) -> dict:
-    """Write results.json, report.md and results.png for what ``run`` produced."""
+    """Write results.json, report.md and results.png for what ``run`` produced. results.json also records
+    what the report judges the run against (the chance level and the claims), so that it renders alone."""
+    rows = produced["results"]
     results = {
         "experiment": experiment.name,
         "scale": scale,
         "seed": seed,
         "metric": experiment.metric,
-        "results": produced["results"],
+        "results": rows,
+        **({"per_seed": produced["per_seed"]} if "per_seed" in produced else {}),
         "paper": produced.get("paper", experiment.paper),
+        "chance": None,
+        "claims": [dataclasses.asdict(c) for c in experiment_claims(experiment, rows)],
         "config": produced.get("config", {}),
         "seconds": round(seconds, 1),
         "code": code_version(),
+        **({"extra": produced["extra"]} if "extra" in produced else {}),
     }
-    if "extra" in produced:
-        results["extra"] = produced["extra"]
+    if not several_experiments(rows):  # the tour's rows each have their own experiment's (chronomem.report)
+        results["chance"] = resolve_chance(experiment, results)
     write_json_atomic(out / "results.json", results)
     (out / "report.md").write_text(report_markdown(experiment, results))  # chronomem.report renders
     plot_results(results, out / "results.png", experiment.metric)

@@ -158,20 +158,21 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     rows = iter(jobs.map(_train_run, ppo_runs))
     results = {m: {_name(e): NOT_RUN for e in s.envs} for m in skipped}
     panels: dict[str, dict] = {_name(e): {} for e in s.envs}
-    runs = {}
+    runs, per_seed = {}, {}
     for model in trained:
-        results[model] = {}
+        results[model], per_seed[model] = {}, {}
         for env_id in s.envs:
             done = [next(rows) for _ in range(s.seeds)]
             runs.setdefault(model, []).extend(done)
             ended = [row["mmer"] for row in done if row["mmer"] is not None]  # runs in which an episode ended
             results[model][_name(env_id)] = round(sum(ended) / len(ended), 3) if ended else None
+            per_seed[model][_name(env_id)] = [row["mmer"] for row in done]  # None: no episode ended
             panels[_name(env_id)][model] = mean_curve([row["curve"] for row in done])
     results = {m: results[m] for m in chosen}
     config = {"scale": scale, **asdict(s), "models": list(chosen), "skipped": skipped}
     extra = {"runs": runs, "curves": panels, "random_return": random_returns(s.envs)}
     plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
-    return {"results": results, "config": config, "paper": paper_rows(s.envs), "extra": extra}
+    return {"results": results, "per_seed": per_seed, "config": config, "paper": paper_rows(s.envs), "extra": extra}
 
 
 def random_returns(envs: tuple[str, ...]) -> dict[str, float]:
@@ -210,6 +211,9 @@ POPGYM = register_experiment(
         metric="MMER: max over training of the mean episodic return (POPGym's returns lie in [-1, 1])",
         paper_source="POPGym (Morad et al., ICLR 2023, arXiv 2303.01859): its baselines' MMER, RLlib PPO, "
         "15M frames per run; not transcribed yet, so the paper column is empty",
+        # The floor a memory must rise above: a uniformly random policy's mean return, measured by the run.
+        chance=lambda results: results.get("extra", {}).get("random_return"),
+        chance_label="random policy",
         notes="A core listed as 'not run: no done' cannot take episode ends inside a call yet. "
         "learning_curves.png: mean return against frames, one panel per environment, one line per core "
         "(mean over seeds, the band from the lowest to the highest seed), a uniformly random policy's mean "
