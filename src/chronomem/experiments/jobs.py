@@ -83,14 +83,10 @@ SEQUENTIAL = Jobs()
 
 
 def _with_threads(threads: int, function: Callable[[Any], Any], jobs: list) -> list:
-    import torch
+    from chronomem.threads import threads_set_to
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with threads_set_to(threads):
         return [function(job) for job in jobs]
-    finally:
-        torch.set_num_threads(before)
 
 
 class _Lines:

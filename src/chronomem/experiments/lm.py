@@ -51,6 +51,7 @@ from chronomem.experiments.base import Experiment, Scale, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
+from chronomem.threads import threads_set_to
 
 MODELS = ("transformer-xl", "tlb")
 PROMPT = b"Memory, n. "  # the start of a dictionary entry: what a sample continues
@@ -106,15 +107,11 @@ def generation_speed(net, n: int, seed: int) -> tuple[float, str]:
     """Bytes per second of ``net.generate`` on one thread (state carried), and the sample it wrote.
     Seconds of CPU time of this process, which other processes on a shared machine disturb less than
     wall time (with one thread, the same on an idle core)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with threads_set_to(1):
         generator = torch.Generator(device=net.embed.weight.device).manual_seed(seed)
         start = time.process_time()
         out = net.generate(PROMPT, n, temperature=1.0, top_k=None, generator=generator)
         seconds = max(time.process_time() - start, 1e-9)
-    finally:
-        torch.set_num_threads(threads)
     return n / seconds, (PROMPT + bytes(out.tolist())).decode("utf-8", errors="replace")
 
 

@@ -29,6 +29,7 @@ from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.experiments.rl_runs import check_no_time_budget, ppo_run
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
+from chronomem.threads import threads_set_to
 
 # The paper's row names (Table 3) of each pair's train and test environment.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -117,17 +118,13 @@ def run_job(job: Job) -> dict[str, Any]:
     s, pair = job.scale, PAIRS[job.pair]
     result = ppo_run(pair.train, job.model, MODELS[job.model], ppo_settings(s), s.frames, job.seed, Path(job.out),
                      job.progress, reuse=job.resume)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with threads_set_to(1):  # the evaluation, as the training, on one thread
         options = {} if s.eval_max_steps is None else {"max_episode_steps": s.eval_max_steps}
         evaluations = {}
         for column, env_id in zip(COLUMNS[job.pair], (pair.train, pair.test), strict=True):
             torch.manual_seed(EVAL_SEED + job.seed)  # the sampled actions, as the env seeds, fixed per run
             evaluations[column] = evaluate(result.agent.eval(), env_id, s.episodes, EVAL_SEED + job.seed,
                                            min(16, s.episodes), progress=job.progress, **options)
-    finally:
-        torch.set_num_threads(threads)
     last = result.history[-1] if result.history else {}
     return {"pair": job.pair, "model": job.model, "seed": job.seed, "frames": result.frames,
             "train_seconds": round(result.seconds, 1), "sps": round(result.frames / max(result.seconds, 1e-9)),
