@@ -407,14 +407,18 @@ def fake_run_experiment(calls, outs=None):
 
 def test_run_time_budget_reaches_run_experiment(tmp_path, capsys, monkeypatch):
     import chronomem.experiments
+    from chronomem.experiments.jobs import Jobs
 
     calls = []
     monkeypatch.setattr(chronomem.experiments, "run_experiment", fake_run_experiment(calls))
     assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(tmp_path), "--time-budget", "30"]) == 0
     assert "equal time budget of 30 s per model" in capsys.readouterr().out
     assert main(["run", "copy-baselines", "--scale", "smoke", "--out", str(tmp_path), "--seed", "2"]) == 0
-    assert calls == [{"seed": 0, "models": None, "progress": True, "time_budget": 30.0, "resume": False},
-                     {"seed": 2, "models": None, "progress": True, "time_budget": None, "resume": False}]
+    sequential = Jobs(1)  # --jobs 1, the default
+    assert calls == [{"seed": 0, "models": None, "progress": True, "time_budget": 30.0, "resume": False,
+                      "jobs": sequential},
+                     {"seed": 2, "models": None, "progress": True, "time_budget": None, "resume": False,
+                      "jobs": sequential}]
 
 
 def test_run_resume_continues_in_its_own_directory(tmp_path, capsys, monkeypatch):

@@ -10,6 +10,7 @@ import torch
 from chronomem.htm import HierarchicalMemory, HTMAttention, HTMTransformer
 from chronomem.layers import sinusoid_encoding
 from chronomem.ops import htm_chunks
+from chronomem.ops.htm_grouped import tile_pairs
 from chronomem.ops.htm_local import local_layout
 from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, READ_IMPLS
 from helpers import assert_same_gradients
@@ -248,7 +249,10 @@ def autograd_nodes(t: torch.Tensor) -> set[str]:
     return names
 
 
-KERNELS = {"gather": "_MixSelectedChunksBackward", "dense": "_MixChunksDenseBackward"}
+KERNELS = {"gather": "_MixSelectedChunksBackward", "grouped": "_MixChunksGroupedBackward",
+           "dense": "_MixChunksDenseBackward"}
+MANY_CHUNKS = DENSE_CHUNKS_PER_K * 3 + 1  # more chunks than dense reads (top_k = 3, 2 heads below)
+GROUPED_QUERIES = -(-tile_pairs(2) * MANY_CHUNKS // 3)  # enough queries to fill a tile per chunk
 
 
 @pytest.mark.parametrize(
@@ -259,13 +263,17 @@ KERNELS = {"gather": "_MixSelectedChunksBackward", "dense": "_MixChunksDenseBack
         ("reference", DENSE_MIN_QUERIES, 6, 0.0, "reference"),
         ("auto", DENSE_MIN_QUERIES, DENSE_CHUNKS_PER_K * 3, 0.0, "dense"),  # many queries, few chunks
         ("auto", DENSE_MIN_QUERIES - 1, DENSE_CHUNKS_PER_K * 3, 0.0, "gather"),  # few queries
-        ("auto", DENSE_MIN_QUERIES, DENSE_CHUNKS_PER_K * 3 + 1, 0.0, "gather"),  # many chunks read
+        ("grouped", 1, 6, 0.0, "grouped"),
+        ("auto", GROUPED_QUERIES, MANY_CHUNKS, 0.0, "grouped"),  # many queries, many chunks, each selected often
+        ("auto", GROUPED_QUERIES - 1, MANY_CHUNKS, 0.0, "gather"),  # ... not quite a tile per chunk
+        ("auto", DENSE_MIN_QUERIES, MANY_CHUNKS, 0.0, "gather"),  # many chunks, each selected rarely
         ("dense", DENSE_MIN_QUERIES, 6, 0.5, "reference"),  # attention dropout: only the reference has it
     ],
 )
 def test_read_impl_takes_the_named_path(read_impl, Q, M, dropout, taken):
     """``read_impl`` names the kernel that mixes the chunks; "auto" keeps the rule of ``ops.htm_mix``:
-    dense for at least DENSE_MIN_QUERIES queries reading at most DENSE_CHUNKS_PER_K * top_k chunks."""
+    for at least DENSE_MIN_QUERIES queries, dense when they read at most DENSE_CHUNKS_PER_K * top_k
+    chunks, else grouped when they select each chunk a tile's worth of times on average."""
     torch.manual_seed(0)
     attn = HTMAttention(8, num_heads=2, top_k=3, chunk_size=4, dropout=dropout, read_impl=read_impl)
     out = attn(torch.randn(2, Q, 8, requires_grad=True), as_memory(*random_memory(2, M, 4, 8)))
@@ -560,7 +568,7 @@ def test_memory_gradient_option():
     assert grads[1][:, early].abs().max() > 0
 
 
-@pytest.mark.parametrize("read_impl", ["auto", "gather", "dense"])
+@pytest.mark.parametrize("read_impl", ["auto", "gather", "grouped", "dense"])
 def test_transformer_read_impls_match_the_reference(read_impl):
     """Every ``read_impl`` of the whole model equals ``read_impl="reference"`` (float64): outputs over
     two calls, gradients into the parameters and, with ``memory_gradient``, into the inputs that only

@@ -4,6 +4,7 @@ device (``CHRONOMEM_TEST_DEVICE``, tests/conftest.py): inputs are drawn on the C
 import pytest
 import torch
 
+from chronomem.ops.htm_grouped import group_pairs, mix_chunks_grouped
 from chronomem.ops.htm_mix import mix_chunks, mix_chunks_dense, mix_chunks_reference, mix_selected_chunks
 
 torch.set_num_threads(1)
@@ -53,6 +54,61 @@ def test_blockwise_mix_matches_plain_autograd(rows_per_block, slot_transform, de
     assert torch.autograd.gradcheck(mix, (q, weights, table))
 
 
+@pytest.mark.parametrize("tile_rows", [1, 6, 64])
+@pytest.mark.parametrize("block_bytes", [1, 2**20])  # one tile per block, or all
+@pytest.mark.parametrize("table_grad", [False, True])
+def test_grouped_mix_matches_plain_autograd(tile_rows, block_bytes, table_grad, device):
+    """``mix_chunks_grouped`` (the pairs sorted by chunk, a tile of pairs per matrix product, results
+    added into their queries, tiles in blocks) == the reference, values and gradients (into the table
+    when it requires one), with tiles of one pair, of a few, or of every pair of a chunk, blocks of one
+    tile or of all; chunks selected by many queries, by one, twice by one query, or by none; an empty
+    chunk; and it passes gradcheck."""
+    g = torch.Generator().manual_seed(6)
+    N, H, k, C, D, R = 11, 2, 3, 4, 6, 7
+    table = (3 * torch.randn(R, C, D, generator=g, dtype=torch.float64) + 1).requires_grad_(table_grad)
+    slot_table = torch.rand(R, C, generator=g) > 0.3
+    slot_table[:, -1] = True
+    slot_table[2] = False  # an empty (invalid) chunk: read with weight 0
+    rows = torch.randint(4, (N, k), generator=g)  # rows 0-3 shared by many queries ...
+    rows[0] = torch.tensor([5, 5, 2])  # ... row 5 by one query, twice; row 6 by none
+    q = torch.randn(N, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    weights = torch.softmax(torch.randn(N, k, generator=g, dtype=torch.float64), -1)
+    weights = torch.where(rows == 2, 0.0, weights).requires_grad_(True)
+    upstream = torch.randn(N, H, D, generator=g, dtype=torch.float64)
+    table, slot_table, rows, q, weights, upstream = on(device, table, slot_table, rows, q, weights, upstream)
+    inputs = (q, weights, table) if table_grad else (q, weights)
+    sizes = dict(tile_rows=tile_rows, block_bytes=block_bytes)
+    got = mix_chunks_grouped(q, weights, table, slot_table, rows, **sizes)
+    want = reference_on_rows(q, weights, table, slot_table, rows)
+    torch.testing.assert_close(got, want)
+    grads_got = torch.autograd.grad((got * upstream).sum(), inputs)
+    grads_want = torch.autograd.grad((want * upstream).sum(), inputs)
+    for a, b in zip(grads_got, grads_want, strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b)
+    if table_grad:
+        mix = lambda q, w, t: mix_chunks_grouped(q, w, t, slot_table, rows, **sizes)
+    else:
+        mix = lambda q, w: mix_chunks_grouped(q, w, table, slot_table, rows, **sizes)
+    assert torch.autograd.gradcheck(mix, inputs)
+
+
+def test_group_pairs_tiles_every_pair_once():
+    """``group_pairs``: every (query, chunk) pair lands in exactly one tile, each tile holds pairs of its
+    own chunk only, a chunk has ceil(pairs / tile) tiles, and padding points past the last pair and query."""
+    g = torch.Generator().manual_seed(9)
+    N, k, R, tile = 13, 3, 6, 4
+    rows = torch.randint(R - 1, (N, k), generator=g)  # row R - 1 is never selected
+    tiles = group_pairs(rows, R, tile)
+    real = tiles.pair < N * k
+    assert sorted(tiles.pair[real].tolist()) == list(range(N * k))
+    assert torch.equal(rows.flatten()[tiles.pair[real]], tiles.row[:, None].expand_as(real)[real])
+    assert torch.equal(tiles.query[real], tiles.pair[real] // k)
+    assert bool((tiles.query[~real] == N).all())
+    counts = torch.bincount(rows.flatten(), minlength=R)
+    assert torch.equal(torch.bincount(tiles.row, minlength=R), (counts + tile - 1) // tile)
+
+
 @pytest.mark.parametrize("rows_per_block", [1, 1000])
 def test_dense_mix_matches_selected_mix(rows_per_block, device):
     """``mix_chunks_dense`` (every query scores every chunk its group may read; the unselected get
@@ -98,7 +154,7 @@ def test_dense_mix_matches_selected_mix(rows_per_block, device):
     assert torch.autograd.gradcheck(dense, (q, weights, slots))
 
 
-@pytest.mark.parametrize("impl", ["auto", "gather", "dense"])
+@pytest.mark.parametrize("impl", ["auto", "gather", "grouped", "dense"])
 @pytest.mark.parametrize("transform", [False, True])
 @pytest.mark.parametrize("Q", [1, 20])  # Q * k < M: slots transformed after the gather; >= M: before
 def test_mix_chunks_paths_match_the_reference(impl, transform, Q, device):

@@ -35,7 +35,7 @@ def test_seeds_of_one_experiment_share_a_section_with_their_mean(tmp_path):
     assert page.count("## copy") == 1 and page.count("## listops") == 1
     assert "| model | setting | seed 0 | seed 1 | mean | paper |" in page
     assert "| lstm | T=100 | 30.0 | 50.0 | 40.0 | 99.0 |" in page
-    assert "| tlb | x1 | 35.0 | 38.2 |" in page
+    assert "| tlb | x1 | 35.0 | 38.2 | 10.0 |" in page  # listops (registered): its chance level, 10%, last
 
 
 def test_each_section_names_the_commit_that_made_it(tmp_path):

@@ -107,3 +107,21 @@ def test_no_torch_import_when_the_threads_are_given():
     code = "import sys, chronomem.threads as t; t.Measured(1).start().stop(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_threads_set_to_restores_the_count_after_the_block_even_on_an_error():
+    import torch
+
+    from chronomem.threads import threads_set_to
+
+    before = torch.get_num_threads()
+    inner = 2 if before == 1 else 1
+    with threads_set_to(inner) as got:
+        assert got == inner and torch.get_num_threads() == inner
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="inside"), threads_set_to(inner):
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="--torch-threads"), threads_set_to(0, "--torch-threads"):
+        pass
+    assert torch.get_num_threads() == before

@@ -273,11 +273,15 @@ def cmd_report(args) -> int:
 
 def cmd_run(args) -> int:
     from chronomem.experiments import run_experiment
+    from chronomem.experiments.jobs import Jobs
     from chronomem.registry import get_experiment
     from chronomem.report import comparison_table
 
     if args.time_budget is not None and not (args.time_budget > 0 and math.isfinite(args.time_budget)):
         raise ValueError(f"--time-budget must be a positive number of seconds, got {args.time_budget}")
+    # Each of --jobs K processes computes with --threads torch threads (default 1); with K = 1 the runs
+    # go one after the other in this process, at its --threads.
+    jobs = Jobs(args.jobs, 1 if args.threads is None else args.threads)
     experiment = get_experiment(args.experiment)
     if args.resume is not None:
         from chronomem.train.resume import check_own_directory
@@ -292,7 +296,7 @@ def cmd_run(args) -> int:
     data = {} if args.data_dir is None else {"data_dir": args.data_dir}  # for the experiments that read data files
     results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models,
                              progress=not args.quiet, time_budget=args.time_budget,
-                             resume=args.resume is not None, **data)
+                             resume=args.resume is not None, jobs=jobs, **data)
     equal_time = "" if args.time_budget is None else f", equal time budget of {args.time_budget:g} s per model"
     print(f"\n{experiment.name} ({results['scale']}{equal_time}): ours beside the paper's — {experiment.metric}\n")
     print(comparison_table(results["results"], results["paper"]))
@@ -490,6 +494,10 @@ def _run_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--data-dir", default=None, metavar="DIR",
                    help="where the experiment's data files are (resolution-transfer: CIFAR binary files or "
                    "Fashion-MNIST IDX; lm: the folder holding enwik8); refused by experiments that read none")
+    r.add_argument("--jobs", type=int, default=1, metavar="K",
+                   help="run the experiment's independent runs (models x seeds; RL: also environments) K at a "
+                   "time, each in its own process with one torch thread (--threads N: N each); the same "
+                   "numbers as one at a time (default %(default)s: one after the other in this process)")
     add_threads_flag(r)
 
 

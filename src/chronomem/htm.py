@@ -280,7 +280,8 @@ class HTMAttention(nn.Module):
 
     The within-chunk attention is computed in content space (see ``read``), and the mix of the
     selected chunks by one of ``chronomem.ops.htm_mix``'s implementations of the same function:
-    ``read_impl="auto"`` (default), ``"gather"``, ``"dense"`` or ``"reference"`` (module docstring).
+    ``read_impl="auto"`` (default), ``"gather"``, ``"grouped"``, ``"dense"`` or ``"reference"`` (module
+    docstring).
 
     ``memory_gradient=True`` (off by default; a deviation from Section 2's stop-gradient) lets
     gradients flow into the keys and contents it reads; see ``HTMTransformer``.
@@ -437,7 +438,7 @@ class HTMConfig:
     init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
     memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
     output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
-    read_impl: str = "auto"  # how the selected chunks are mixed: "auto", "gather", "dense", "reference"
+    read_impl: str = "auto"  # how the selected chunks are mixed: auto, gather, grouped, dense, reference
 
 
 class HTMLayer(nn.Module):

@@ -12,6 +12,18 @@ One section per (experiment, scale). Each row is one (model, setting) pair -- lo
 experiment whose models report different settings (the tour) gives no sparse matrix. With several
 seeds of the same experiment and scale, each seed gets a column and the mean is added. A model that
 only the paper has gets rows too (ours "—"), for the settings the runs measured.
+
+Spread and claims (``Claim``, ``judge``). A run that averages several seeds lists them in results.json's
+``per_seed`` (``{model: {setting: [value per seed, in seed order]}}``, the values its ``results`` cell
+averages); the table then shows them and the 95% interval of their mean (Student t), and a ``chance``
+column where the experiment has a chance level (``Experiment.chance``). Under the table, each claim
+the experiment declares beside its paper numbers (``Experiment.claims``) is judged per setting from
+these numbers: "holds" (the means in the claimed order, the intervals apart), "holds in the mean
+(within the noise)" (order right, intervals overlapping), "holds in the mean (one seed)" (order
+right, no interval to compare), "does not hold" (order wrong or equal; "reversed beyond the noise"
+when the intervals are apart). A string such as "OOM" is the worst score. results.json records the
+claims and the chance level it was judged against; for one written before they were recorded, the
+registry's experiment gives them.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -72,20 +85,29 @@ def several_experiments(ours: Table) -> bool:
     return bool(ours) and all(TOUR_SEPARATOR in model for model in ours)
 
 
-def comparison_table(ours: Table, paper: Table, metrics: dict[str, str] | None = None) -> str:
+def comparison_table(ours: Table, paper: Table, metrics: dict[str, str] | None = None,
+                     run: dict[str, Any] | None = None, label: str | None = None) -> str:
     """Markdown table of our numbers beside the paper's.
 
     One experiment: one row per model, one column per setting, each cell ``ours (paper)``. Several
     experiments (rows named ``experiment: model``, the tour's), whose settings differ: long format,
     one row per (experiment, model, setting) with the columns experiment, model, setting, ours, paper,
-    and ``metric`` when ``metrics`` (``{experiment: metric}``) is given."""
+    and ``metric`` when ``metrics`` (``{experiment: metric}``) is given. With ``run`` (the results.json
+    the numbers come from): a cell whose run lists several seeds (``per_seed``) is ``ours [95% interval]
+    (paper)``, and the chance level is a last row named ``label`` (default: the experiment's
+    ``chance_label``; the tour's: a column)."""
     rows = table_rows(ours, paper)
+    chance = (lambda m, s: chance_of(run, m, s)) if run is not None else (lambda m, s: None)
     if several_experiments(ours):
-        head = ["experiment", "model", "setting", "ours", "paper"] + (["metric"] if metrics else [])
+        levels = [chance(model, setting) for model, setting, *_ in rows]
+        with_chance = any(level is not None for level in levels)
+        head = ["experiment", "model", "setting", "ours", "paper"] + (["chance"] if with_chance else []) + (
+            ["metric"] if metrics else [])
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for model, setting, o, p in rows:
+        for (model, setting, o, p), level in zip(rows, levels, strict=True):
             experiment, name = model.split(TOUR_SEPARATOR, 1)
             cells = [experiment, name, setting, format_value(o), format_value(p)]
+            cells += [_cell(level)] if with_chance else []
             cells += [metrics.get(experiment, "")] if metrics else []
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
@@ -94,36 +116,61 @@ def comparison_table(ours: Table, paper: Table, metrics: dict[str, str] | None =
     for table in (ours, paper):
         for row in table.values():
             settings += [s for s in row if s not in settings]
+
+    def cell(m: str, s: str) -> str:
+        value = ours.get(m, {}).get(s)
+        interval = None if run is None or value is None else score(value, run_seeds([run], m, s)).interval
+        spread = "" if interval is None else f" {_interval_text(interval, _number(value) or interval[0])}"
+        return f"{format_value(value)}{spread} ({format_value(paper.get(m, {}).get(s))})"
+
     lines = ["| model | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
-    for m in models:
-        cells = [f"{format_value(ours.get(m, {}).get(s))} ({format_value(paper.get(m, {}).get(s))})"
-                 for s in settings]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += [f"| {m} | " + " | ".join(cell(m, s) for s in settings) + " |" for m in models]
+    levels = [chance(models[0], s) for s in settings] if models else []
+    if any(level is not None for level in levels):
+        lines.append(f"| {label or chance_label(run)} | " + " | ".join(_cell(level) for level in levels) + " |")
     return "\n".join(lines)
 
 
+def seeds_markdown(run: dict[str, Any]) -> list[str]:
+    """Each cell's per-seed values of a run that lists several (``per_seed``), in seed order."""
+    listed = [(m, s, values) for m, row in (run.get("per_seed") or {}).items() for s, values in row.items()
+              if len(values) > 1]
+    if not listed:
+        return []
+    return ["Per seed, in seed order:", "", *(f"- {m}, {s}: {_seeds_text(values)}" for m, s, values in listed)]
+
+
 def report_markdown(experiment, results: dict) -> str:
-    """``OUT/report.md`` of one run: the experiment's description, ours beside the paper's, the notes, the
-    extra measurements and the config. ``experiment`` is a ``chronomem.experiments.Experiment``."""
+    """``OUT/report.md`` of one run: the experiment's description, ours beside the paper's (with the 95%
+    interval of each mean over seeds, the chance level), the seeds, the paper's claims judged, the notes,
+    the extra measurements and the config. ``experiment`` is a ``chronomem.experiments.Experiment``."""
     budget = results["config"].get("time_budget")
     protocol = (f"Each model trained for an equal wall-clock budget of {budget:g} s per model (or its "
                 "step count, whichever came first), so a slower model took fewer steps."
                 if budget is not None else "Each model trained for its scale's step count (no time budget).")
     metrics = results.get("extra", {}).get("metrics")  # the tour's metric of each experiment
+    several = any(len(values) > 1 for row in (results.get("per_seed") or {}).values() for values in row.values())
     parts = [
         f"# {experiment.name} — scale `{results['scale']}`",
         "",
         experiment.description,
         "",
-        ("" if several_experiments(results["results"]) else "Each cell: **ours** (paper). ")
+        ("" if several_experiments(results["results"]) else
+         "Each cell: **ours** [95% interval of the mean over the seeds] (paper). " if several else
+         "Each cell: **ours** (paper). ")
         + f"Metric: {experiment.metric}. "
         + (f"Paper numbers: {experiment.paper_source}. " if experiment.paper_source else "")
         + protocol,
         "",
-        comparison_table(results["results"], results["paper"], metrics),
+        comparison_table(results["results"], results["paper"], metrics, run=results,
+                         label=getattr(experiment, "chance_label", None)),
         "",
         f"Wall time: {results['seconds']:.0f} s, seed {results['seed']}.",
     ]
+    if seeds := seeds_markdown(results):
+        parts += ["", *seeds]
+    if claims := claims_markdown([results]):
+        parts += ["", *claims]
     if experiment.notes:
         parts += ["", experiment.notes]
     if results.get("extra"):
@@ -151,25 +198,14 @@ def plot_results(results: dict, path: Path, metric: str) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    from chronomem.registry import get_experiment
-
     rows = table_rows(results["results"], results["paper"])
     if not rows:
         return
-    # The chance level is the experiment's (its task's definition), looked up by name: the tour's rows
-    # ("experiment: model") each find their own experiment's.
-    tour = several_experiments(results["results"])
-    chances: dict[str, Any] = {}
+    # The chance level is the experiment's (``chance_of``): the tour's rows ("experiment: model") each
+    # find their own experiment's.
 
     def chance(model: str, setting: str) -> float | None:
-        name = model.split(TOUR_SEPARATOR, 1)[0] if tour else results["experiment"]
-        if name not in chances:
-            try:
-                chances[name] = get_experiment(name).chance
-            except ValueError:  # an experiment not in the registry (a test's own): no chance level known
-                chances[name] = None
-        level = chances[name]
-        return _number(level.get(setting) if isinstance(level, dict) else level)
+        return chance_of(results, model, setting)
 
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(rows)))
     ys = list(range(len(rows)))[::-1]  # the first row at the top
@@ -200,6 +236,283 @@ def plot_results(results: dict, path: Path, metric: str) -> None:
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.savefig(path, dpi=100, bbox_inches="tight")  # the box grows to hold every label
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Spread and claims: the seeds of a cell, the 95% interval of their mean, chance, the claims judged
+# ----------------------------------------------------------------------------------------------
+
+# Student t's 0.975 quantile for n - 1 = 1..30 degrees of freedom (two-sided 95%).
+T_975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
+         2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
+         2.0518, 2.0484, 2.0452, 2.0423)
+
+
+def t_quantile(df: int) -> float:
+    """Student t's 0.975 quantile with ``df`` degrees of freedom: the table to 30, then the Cornish-Fisher
+    expansion around the normal's 1.96 (within 1e-4 of the exact value beyond 30)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be at least 1, got {df}")
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = 1.959964
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of ``values`` (two or more) and its 95% interval, mean +- t s / sqrt(n)."""
+    if len(values) < 2:
+        raise ValueError(f"an interval needs two values or more, got {len(values)}")
+    mean = statistics.fmean(values)
+    half = t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A paper's claim about two models, declared beside its numbers (``Experiment.claims``): ``better``
+    scores above ``worse`` (below, with ``lower_is_better``; at or above, with ``at_least``) at each of
+    ``settings``, or at every setting both have (None). Model and setting names are those of the
+    experiment's ``results``. ``judge`` evaluates it on a run's numbers."""
+
+    text: str
+    better: str
+    worse: str
+    settings: tuple[str, ...] | None = None
+    lower_is_better: bool = False
+    at_least: bool = False
+
+    def relation(self) -> str:
+        """The claimed order in words: "`tlb` below `transformer-xl`"."""
+        word = "below" if self.lower_is_better else "above"
+        return f"`{self.better}` {'at or ' if self.at_least else ''}{word} `{self.worse}`"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Claim:
+        settings = data.get("settings")
+        return cls(**{**data, "settings": None if settings is None else tuple(settings)})
+
+
+HOLDS = "holds"
+WITHIN_NOISE = "holds in the mean (within the noise)"
+ONE_SEED = "holds in the mean (one seed)"
+FAILS = "does not hold"
+REVERSED = "does not hold (reversed beyond the noise)"
+NOT_MEASURED = "not measured"
+
+
+def _not_run(value: str) -> bool:
+    """A string that says a model did not run there ("n/a", "not run: ...", "not available"), unlike
+    one that says it failed to ("OOM")."""
+    text = value.strip().lower()
+    return text in ("", "n/a", "—") or text.startswith("not ")
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """One model at one setting as a claim reads it: the mean and the seeds it averages, or the string
+    of a run that failed there (``failed``, e.g. "OOM": the worst score), or nothing (not measured)."""
+
+    mean: float | None = None
+    seeds: tuple[float, ...] = ()
+    failed: str | None = None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        return mean_interval(list(self.seeds))[1:] if len(self.seeds) >= 2 else None
+
+    def show(self) -> str:
+        if self.failed is not None:
+            return self.failed
+        if self.mean is None:
+            return "—"
+        text = _like(self.mean, self.mean)
+        if self.interval is not None:
+            text += f" {_interval_text(self.interval, self.mean)}"
+        return text
+
+
+def score(cell: Any, seeds: list[Any] | None = None) -> Score:
+    """The ``Score`` of a table cell and its per-seed values (None: none listed). A seed without a value
+    (None: e.g. a run in which no episode ended) is left out; a string other than one saying the model
+    did not run ("OOM") in the cell or in a seed is a failure."""
+    values = [v for v in (seeds or []) if v is not None]
+    for value in (cell, *values):
+        if isinstance(value, str) and not _not_run(value):
+            return Score(failed=value)
+    numbers = [float(v) for v in values if _number(v) is not None]
+    if numbers:
+        return Score(mean=statistics.fmean(numbers), seeds=tuple(numbers))
+    if _number(cell) is not None:
+        return Score(mean=float(cell))
+    return Score()
+
+
+def verdict(better: Score, worse: Score, lower_is_better: bool = False, at_least: bool = False) -> str:
+    """Whether ``better`` scores above ``worse`` (module docstring): with both intervals, "holds" needs
+    them apart; a failure is the worst score."""
+    if (better.failed is None and better.mean is None) or (worse.failed is None and worse.mean is None):
+        return NOT_MEASURED
+    if better.failed is not None or worse.failed is not None:
+        return HOLDS if better.failed is None else FAILS  # runs where the other does not; both failing tie
+    gap = (worse.mean - better.mean) if lower_is_better else (better.mean - worse.mean)
+    tie = math.isclose(better.mean, worse.mean, rel_tol=1e-9, abs_tol=1e-12)
+    right = (tie and at_least) or (gap > 0 and not tie)
+    a, b = better.interval, worse.interval
+    if a is None or b is None:
+        return ONE_SEED if right else FAILS
+    apart = a[1] < b[0] or b[1] < a[0]
+    if right:
+        return HOLDS if apart and not tie else WITHIN_NOISE
+    return REVERSED if apart else FAILS
+
+
+def judge(claim: Claim, cells) -> list[tuple[str, Score, Score, str]]:
+    """``(setting, better's score, worse's score, verdict)`` for each setting the claim names that the
+    run has (either model), or every setting both models have. ``cells``: ``{model: {setting: Score}}``."""
+    better, worse = cells.get(claim.better, {}), cells.get(claim.worse, {})
+    if claim.settings is None:
+        settings = [s for s in better if s in worse]
+    else:
+        settings = [s for s in claim.settings if s in better or s in worse]
+    return [(s, better.get(s, Score()), worse.get(s, Score()),
+             verdict(better.get(s, Score()), worse.get(s, Score()), claim.lower_is_better, claim.at_least))
+            for s in settings]
+
+
+def _registered(name: str):
+    """The registry's experiment ``name``, or None for one it does not know (a test's own)."""
+    from chronomem.registry import get_experiment
+
+    try:
+        return get_experiment(name)
+    except ValueError:
+        return None
+
+
+def experiment_claims(experiment, rows: Table) -> tuple[Claim, ...]:
+    """The claims of ``experiment`` (an ``Experiment``, or None); for the tour's rows (``experiment: model``),
+    each contributor's claims with its models named as the rows name them."""
+    if not several_experiments(rows):
+        return tuple(getattr(experiment, "claims", ()))
+    claims = []
+    for name in dict.fromkeys(model.split(TOUR_SEPARATOR, 1)[0] for model in rows):
+        for claim in getattr(_registered(name), "claims", ()):
+            claim = dataclasses.replace(claim, text=f"{name}: {claim.text}",
+                                        better=f"{name}{TOUR_SEPARATOR}{claim.better}",
+                                        worse=f"{name}{TOUR_SEPARATOR}{claim.worse}")
+            if claim.better in rows and claim.worse in rows:  # the tour runs a few of each one's models
+                claims.append(claim)
+    return tuple(claims)
+
+
+def declared_claims(run: dict[str, Any]) -> tuple[Claim, ...]:
+    """The claims a results.json was judged against: those it records, else (written before claims were
+    recorded) its experiment's in the registry."""
+    if "claims" in run:
+        return tuple(Claim.from_json(c) for c in run["claims"] or ())
+    return experiment_claims(_registered(run["experiment"]), run["results"])
+
+
+def resolve_chance(experiment, results: dict[str, Any]):
+    """``experiment.chance`` for ``results``: a number, ``{setting: number}``, or what a callable (a level
+    measured by the run, e.g. a random policy's return in ``extra``) returns for them; None if none."""
+    level = getattr(experiment, "chance", None)
+    return level(results) if callable(level) else level
+
+
+def chance_label(run: dict[str, Any]) -> str:
+    """The chance column's name: the experiment's ``chance_label`` ("random policy" where measured)."""
+    if several_experiments(run["results"]):
+        return "chance"
+    return getattr(_registered(run["experiment"]), "chance_label", "chance")
+
+
+def chance_of(run: dict[str, Any], model: str, setting: str) -> float | None:
+    """The chance level of a row: the run's recorded ``chance`` (else its registered experiment's); in the
+    tour, the row's own experiment's."""
+    if several_experiments(run["results"]):
+        name = model.split(TOUR_SEPARATOR, 1)[0]
+        prefix = f"{name}{TOUR_SEPARATOR}"
+        sub = {"experiment": name, "results": {m[len(prefix):]: row for m, row in run["results"].items()
+                                               if m.startswith(prefix)},
+               "extra": (run.get("extra") or {}).get("details", {}).get(name, {})}
+        level = resolve_chance(_registered(name), sub)
+    elif "chance" in run:
+        level = run["chance"]
+    else:
+        level = resolve_chance(_registered(run["experiment"]), run)
+    return _number(level.get(setting) if isinstance(level, dict) else level)
+
+
+def _seed_count(run: dict[str, Any]) -> int | None:
+    """The seeds a run averaged itself (its scale's ``seeds``; 1 when it records none)."""
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    scale = config.get("scale")  # the scale's settings, or its name beside them (the RL experiments)
+    count = scale.get("seeds", 1) if isinstance(scale, dict) else config.get("seeds", 1)
+    return count if isinstance(count, int) else None
+
+
+def run_seeds(runs: list[dict[str, Any]], model: str, setting: str) -> list[Any] | None:
+    """The per-seed values of a row over ``runs``: each run's ``per_seed``, or its cell when it ran one
+    seed; None when a run averaged seeds it does not list (a results.json without ``per_seed``)."""
+    values: list[Any] = []
+    for run in runs:
+        row = run["results"].get(model, {})
+        if setting not in row:
+            continue
+        listed = (run.get("per_seed") or {}).get(model, {}).get(setting)
+        if listed is not None:
+            values += list(listed)
+        elif _seed_count(run) == 1:
+            values.append(row[setting])
+        else:
+            return None
+    return values
+
+
+def _row_value(runs: list[dict[str, Any]], model: str, setting: str) -> Any:
+    """A row's value over ``runs``: the one run's cell, or the mean of the runs' (a string if one has one)."""
+    values = [r["results"][model][setting] for r in runs if setting in r["results"].get(model, {})]
+    if len(values) <= 1:
+        return values[0] if values else None
+    strings = [v for v in values if isinstance(v, str)]
+    return strings[0] if strings else _mean(values)
+
+
+def _like(value: float, reference: float) -> str:
+    """``value`` with the decimals ``format_value`` gives ``reference`` (an interval's ends as its mean)."""
+    return f"{value:.2f}" if abs(reference) < 10 else f"{value:.1f}"
+
+
+def _interval_text(interval: tuple[float, float], mean: float) -> str:
+    return f"[{_like(interval[0], mean)}, {_like(interval[1], mean)}]"
+
+
+def _seeds_text(values: list[Any]) -> str:
+    numbers = [abs(v) for v in values if _number(v) is not None]
+    reference = statistics.fmean(numbers) if numbers else 0.0
+    return " / ".join("—" if v is None else _like(v, reference) if _number(v) is not None else str(v)
+                      for v in values)
+
+
+def claims_markdown(runs: list[dict[str, Any]]) -> list[str]:
+    """The "Claims" list under a table: each claim of the runs' experiment, per setting the two means
+    (with their 95% intervals where there are seeds) and the verdict."""
+    claims = declared_claims(runs[0])
+    if not claims:
+        return []
+    models = {m for c in claims for m in (c.better, c.worse)}
+    cells = {m: {s: score(_row_value(runs, m, s), run_seeds(runs, m, s))
+                 for r in runs for s in r["results"].get(m, {})} for m in models}
+    lines = ["**Claims**, judged from the numbers above (mean [95% interval] where there are several seeds):", ""]
+    for claim in claims:
+        judged = judge(claim, cells)
+        lines.append(f"- {claim.text} ({claim.relation()})" + (":" if judged else ": not measured at this scale."))
+        lines += [f"  - {setting}: {claim.better} {b.show()} vs {claim.worse} {w.show()}: **{result}**"
+                  for setting, b, w, result in judged]
+    return lines
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,28 +588,68 @@ def _mean(values: list[Any]) -> Any:
 def _column(run: dict[str, Any]) -> str:
     """A run's column: its seed, or the seeds it averaged over itself (a scale with ``seeds`` > 1)."""
     seed = run.get("seed", 0)
-    config = run.get("config") if isinstance(run.get("config"), dict) else {}
-    scale = config.get("scale")  # the scale's settings, or its name beside them (the RL experiments)
-    count = scale.get("seeds", 1) if isinstance(scale, dict) else config.get("seeds", 1)
-    return f"seed {seed}" if not isinstance(count, int) or count <= 1 else f"seeds {seed}-{seed + count - 1}, mean"
+    count = _seed_count(run)
+    return f"seed {seed}" if count is None or count <= 1 else f"seeds {seed}-{seed + count - 1}, mean"
 
 
-def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
-    """The Markdown section of one (experiment, scale): one column per seed, the mean, the paper."""
-    runs_and_sources = sorted(runs_and_sources, key=lambda pair: (pair[0].get("seed", 0), pair[1]))
-    runs = [run for run, _ in runs_and_sources]
-    sources = [source for _, source in runs_and_sources]
-    first = runs[0]
+def row_keys(runs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The ``(model, setting)`` rows of ``runs``: ours in their order, then a model only the paper has
+    (POPGym's GRU beside our cores) for the settings we ran."""
     rows: list[tuple[str, str]] = []
     for run in runs:
         for model, settings in run["results"].items():
             rows += [(model, s) for s in settings if (model, s) not in rows]
-    # A model only the paper has (POPGym's GRU beside our cores): its rows for the settings we ran.
     ours, settings_run = {model for model, _ in rows}, {s for _, s in rows}
-    rows += [(model, s) for model, row in first["paper"].items() if model not in ours
+    rows += [(model, s) for model, row in runs[0]["paper"].items() if model not in ours
              for s in row if s in settings_run]
+    return rows
+
+
+def spread_table(runs: list[dict[str, Any]]) -> list[str]:
+    """The long table of ``runs`` (one experiment and scale): per (model, setting) each run's value, their
+    mean, the per-seed values and the 95% interval of their mean where a run lists its seeds
+    (``per_seed``), the paper's number, and the chance level where the experiment has one."""
+    first = runs[0]
+    rows = row_keys(runs)
     several = len(runs) > 1
-    head = ["model", "setting"] + [_column(r) for r in runs] + (["mean"] if several else []) + ["paper"]
+    seeds = {key: run_seeds(runs, *key) for key in rows}
+    # The seeds a run lists (per_seed); several runs of one seed each have a column apiece already.
+    listed = any(len((r.get("per_seed") or {}).get(m, {}).get(s) or ()) > 1 for r in runs for m, s in rows)
+    intervals = {key: score(_row_value(runs, *key), values).interval
+                 for key, values in seeds.items() if listed and values and len(values) > 1}
+    chances = {key: chance_of(first, *key) for key in rows}
+    show_chance = any(level is not None for level in chances.values())
+    head = ["model", "setting"] + [_column(r) for r in runs] + (["mean"] if several else []) + (
+        ["per seed"] if listed else []) + (
+        ["95% interval"] if intervals else []) + ["paper"] + ([chance_label(first)] if show_chance else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model, setting in rows:
+        values = [r["results"].get(model, {}).get(setting) for r in runs]
+        cells = [_cell(v) for v in values]
+        mean = _row_value(runs, model, setting)
+        if several:
+            cells.append(_cell(_mean(values)))
+        if listed:
+            cells.append(_seeds_text(seeds[model, setting]) if seeds[model, setting] else "—")
+        if intervals:
+            interval = intervals.get((model, setting))
+            cells.append("—" if interval is None else _interval_text(interval, _number(mean) or interval[0]))
+        cells.append(_cell(first["paper"].get(model, {}).get(setting)))
+        if show_chance:
+            cells.append(_cell(chances[model, setting]))
+        lines.append(f"| {model} | {setting} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
+    """The Markdown section of one (experiment, scale): one column per run, the mean, the per-seed values
+    and 95% interval, the paper, the chance level; under it the claims judged (``spread_table``,
+    ``claims_markdown``)."""
+    runs_and_sources = sorted(runs_and_sources, key=lambda pair: (pair[0].get("seed", 0), pair[1]))
+    runs = [run for run, _ in runs_and_sources]
+    sources = [source for _, source in runs_and_sources]
+    first = runs[0]
+    several = len(runs) > 1
     lines = [
         f"## {first['experiment']} — `{first['scale']}`",
         "",
@@ -304,18 +657,12 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
         f"{'wall time' if not several else 'wall times'} "
         + ", ".join(_wall_time(r) for r in runs) + f"; {_code(runs)}.",
         "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
+        *spread_table(runs),
     ]
-    for model, setting in rows:
-        values = [r["results"].get(model, {}).get(setting) for r in runs]
-        cells = [_cell(v) for v in values]
-        if several:
-            cells.append(_cell(_mean(values)))
-        cells.append(_cell(first["paper"].get(model, {}).get(setting)))
-        lines.append(f"| {model} | {setting} | " + " | ".join(cells) + " |")
     if first.get("metric"):
         lines += ["", f"Metric: {first['metric']}."]
+    if claims := claims_markdown(runs):
+        lines += ["", *claims]
     return "\n".join(lines)
 
 
@@ -333,7 +680,14 @@ def results_page(paths: Iterable[str | Path], title: str = "Measured results") -
         "",
         "Generated by `chronomem report` from the runs' `results.json`; do not edit by hand. "
         "Each cell is a number the run wrote (accuracy in % unless the section says otherwise); "
-        "`paper` is the paper's number for the same cell where it has one.",
+        "`paper` is the paper's number for the same cell where it has one. Where a run averaged several seeds, "
+        "`per seed` lists them (in seed order) and `95% interval` gives the interval of their mean (Student t); "
+        "`chance` is a guess's score (`random policy`: a random policy's, measured by the run). Under a table, "
+        "each claim of the papers is judged from these numbers, per setting: **holds** (means in the claimed "
+        "order, intervals apart), "
+        "**holds in the mean (within the noise)** (order right, intervals overlapping), **holds in the mean "
+        "(one seed)** (no interval to compare), **does not hold** (order wrong or equal; *reversed beyond the "
+        "noise* when the intervals are apart). A model that ran out of memory (OOM) scores below any number.",
     ]
     for key in sorted(groups):
         parts += ["", section(groups[key])]

@@ -18,6 +18,8 @@ No torch import at module level: the command line reads the default before it lo
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def available_cores() -> int:
@@ -50,6 +52,19 @@ def use_threads(threads: int | None, flag: str = "--threads") -> int:
     threads = check_threads(threads, flag)
     torch.set_num_threads(threads)
     return threads
+
+
+@contextmanager
+def threads_set_to(threads: int | None, flag: str = "--threads") -> Iterator[int]:
+    """Within the block torch computes with ``threads`` (None: ``default_threads()``); the count it had
+    before comes back after, whatever happens inside."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield use_threads(threads, flag)
+    finally:
+        torch.set_num_threads(before)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,9 @@ from typing import Any
 import numpy as np
 
 from chronomem.experiments.base import Experiment, Scale, select_models
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import register_experiment
+from chronomem.report import Claim
 from chronomem.tasks.babyai import LEVELS, MULTI_TASK
 
 MODELS = ("transformer", "tlb")  # the paper's two models
@@ -49,7 +50,6 @@ class BabyAIScale(Scale):
     eval_every: int  # steps between success-rate evaluations (and at the end)
     episodes: int  # evaluation episodes per level and evaluation
     seeds: int  # runs per model: seeds seed, seed + 1, ...
-    workers: int  # runs at once, one process and one torch thread each; also the demo generators
     dim: int = 128
     depth: int = 4  # self-attention layers of both models
     num_heads: int = 4
@@ -62,16 +62,16 @@ def _scales(levels: tuple[str, ...], quick_levels: tuple[str, ...], quick_episod
     multi = len(levels) > 1
     smoke = BabyAIScale(levels=("GoToObj", "GoToLocal") if multi else ("GoToLocal",), demos=12, held_out=2,
                         steps=4, batch_size=4, lr=1e-3, eval_examples=2, eval_every=2, episodes=3, seeds=2,
-                        workers=1, dim=16, depth=2, num_heads=2, chunk_size=4, num_state=2, eval_max_steps=8)
-    # Sized by measurement (docs/babyai.md, "Sizing quick"): about 75 minutes on 2 cores.
+                        dim=16, depth=2, num_heads=2, chunk_size=4, num_state=2, eval_max_steps=8)
+    # Sized by measurement (docs/babyai.md, "Sizing quick"): about 75 minutes on 2 cores with --jobs 2.
     quick = BabyAIScale(levels=quick_levels, demos=3000 // len(quick_levels), held_out=50 // len(quick_levels) + 1,
                         steps=2000, batch_size=16, lr=5e-4, warmup=100, eval_examples=50, eval_every=400,
-                        episodes=quick_episodes, seeds=3, workers=2, dim=64, depth=2)
+                        episodes=quick_episodes, seeds=3, dim=64, depth=2)
     # Paper 003 gives no demo count in the text we have; BabyAI's bot-demo sets (Chevalier-Boisvert et al.
     # 2019) hold 1M episodes for BossLevel: 100k per level here, a GPU-sized budget.
     paper = BabyAIScale(levels=levels, demos=100_000, held_out=500, steps=100_000, batch_size=64, lr=3e-4,
-                        warmup=1000, eval_examples=500, eval_every=5000, episodes=500, seeds=3, workers=2,
-                        dim=512, depth=6, num_heads=8)
+                        warmup=1000, eval_examples=500, eval_every=5000, episodes=500, seeds=3, dim=512, depth=6,
+                        num_heads=8)
     return {"smoke": smoke, "quick": quick, "paper": paper}
 
 
@@ -204,7 +204,6 @@ def run_job(job: Job) -> dict[str, Any]:
 
     from chronomem.train import train
 
-    torch.set_num_threads(1)
     s = job.scale
     task = load_task(s)  # cached by the parent process
     torch.manual_seed(job.seed)
@@ -226,8 +225,8 @@ def run_job(job: Job) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in policy.parameters())}
 
 
-def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, progress: bool = True, *,
-         scales: dict[str, BabyAIScale], name: str) -> dict:
+def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, progress: bool = True,
+         jobs: Jobs = SEQUENTIAL, *, scales: dict[str, BabyAIScale], name: str) -> dict:
     import time
 
     from chronomem.experiments.rl_runs import check_no_time_budget
@@ -236,22 +235,17 @@ def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, progre
     s = scales[scale]
     chosen = select_models(MODELS, models, name)
     start = time.perf_counter()
-    task = load_task(s, s.workers, progress)  # generate (or read) the demos once, in parallel
+    task = load_task(s, jobs.processes, progress)  # generate (or read) the demos once, in parallel
     demo_seconds = time.perf_counter() - start
-    jobs = [Job(model, seed + i, s, str(Path(out) / "runs" / model / f"seed_{seed + i}"), progress)
+    runs = [Job(model, seed + i, s, str(Path(out) / "runs" / model / f"seed_{seed + i}"), progress)
             for model in chosen for i in range(s.seeds)]
-    if s.workers > 1 and len(jobs) > 1:
-        import multiprocessing
-
-        with ProcessPoolExecutor(s.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows = list(pool.map(run_job, jobs))
-    else:
-        rows = [run_job(job) for job in jobs]
+    rows = jobs.map(run_job, runs)
     curves = {m: mean_curve([r["curve"] for r in rows if r["model"] == m]) for m in chosen}
     random = {level: success_rate(RandomPolicy(seed), level, s.episodes, EVAL_SEED, s.eval_max_steps)
               for level in s.levels}
     random_mean = round(float(np.mean(list(random.values()))), 4)
     results = {m: {f"step {p['step']}": round(100 * p["mean"], 1) for p in curves[m]} for m in chosen}
+    per_seed = {m: {f"step {p['step']}": [round(100 * v, 2) for v in p["seeds"]] for p in curves[m]} for m in chosen}
     config = {"scale": dataclasses.asdict(s), "levels": {level: LEVELS[level] for level in s.levels},
               "models": {m: model_options(m, s) for m in chosen}, "eval_seed": EVAL_SEED,
               "demo_cache": str(cache_dir())}
@@ -260,7 +254,7 @@ def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, progre
              "demos": {"episodes": task.describe()["episodes"], "failures": [d.failures for d in task.demos],
                        "seconds_to_load_or_generate": round(demo_seconds, 1)}}
     plot_from_results({"experiment": name, "scale": scale, "config": config, "extra": extra}, Path(out) / "success.png")
-    return {"results": results, "paper": {}, "config": config, "extra": extra}
+    return {"results": results, "per_seed": per_seed, "paper": {}, "config": config, "extra": extra}
 
 
 def claim_check(curves: dict[str, list[dict]]) -> dict[str, Any] | None:
@@ -333,17 +327,38 @@ def plot_success(curves: dict[str, list[dict]], path: Path, title: str, random: 
     plt.close(fig)
 
 
+def random_policy_levels(results: dict) -> dict[str, float] | None:
+    """The random policy's success (%) at every evaluation step of a run: the floor of its table."""
+    random = results.get("extra", {}).get("random_policy")
+    if random is None:
+        return None
+    return {setting: round(100 * random["mean"], 1) for row in results["results"].values() for setting in row}
+
+
+# Fig. 3, read as the claim_check in extra reads it: TLB at or above the Transformer at every evaluation step
+# (faster to learn, about equal at convergence); with several levels it also ends higher: above at every step.
+CLAIMS = {
+    "babyai": Claim("Transformer + TLB learns at least as fast as the Transformer (Fig. 3, one level)", "tlb",
+                    "transformer", at_least=True),
+    "babyai-multi": Claim("Transformer + TLB learns faster and ends higher than the Transformer (Fig. 3, multi-task)",
+                          "tlb", "transformer"),
+}
+
+
 def _experiment(name: str, scales: dict[str, BabyAIScale], what: str) -> Experiment:
     return register_experiment(Experiment(
         name=name,
         description=f"Behaviour cloning on BabyAI bot demos ({what}): Transformer vs Transformer + TLB of the same "
                     "width and depth; success rate by acting, mean over seeds, at every evaluation step "
                     "(success.png: the curves with seed bands).",
-        run=lambda scale, out, seed, models=None, time_budget=None, progress=True: _run(
-            scale, out, seed, models, time_budget, progress, scales=scales, name=name),
+        run=lambda scale, out, seed, models=None, time_budget=None, progress=True, jobs=SEQUENTIAL: _run(
+            scale, out, seed, models, time_budget, progress, jobs, scales=scales, name=name),
         metric="success rate (%) by acting, mean over seeds",
         paper_source="paper 003 Fig. 3 (curves only, no numbers to copy)",
         notes=CLAIM,
+        chance=random_policy_levels,
+        chance_label="random policy",
+        claims=(CLAIMS[name],),
     ))
 
 

@@ -1,17 +1,31 @@
 """An experiment reproduces one paper table: typed scales, the paper's numbers, and a runner.
 
-``Experiment.run(scale, out, seed, models=None, time_budget=None, progress=True)`` trains and evaluates
-the scale's models (or only the ones named in ``models``, checked with ``select_models``), showing the
-progress of every run, evaluation and data generator it starts when ``progress`` (passed down
-explicitly: ``chronomem.progress``), and returns::
+``Experiment.run(scale, out, seed, models=None, time_budget=None, progress=True, jobs=SEQUENTIAL)`` trains
+and evaluates the scale's models (or only the ones named in ``models``, checked with ``select_models``),
+showing the progress of every run, evaluation and data generator it starts when ``progress`` (passed
+down explicitly: ``chronomem.progress``), and returns::
 
-    {"results": {model: {setting: value}}, "config": {...}, "extra": {...optional...}}
+    {"results": {model: {setting: value}}, "per_seed": {model: {setting: [value, ...]}}, "config": {...},
+     "extra": {...optional...}}
 
-where a value is a number (accuracy in %, or what ``metric`` says) or a string such as ``"OOM"``.
-``run_experiment`` adds the paper's numbers and the wall time, and writes ``OUT/results.json``
-(keys ``experiment``, ``scale``, ``seed``, ``metric``, ``results``, ``paper``, ``config``, ``seconds``,
-``code``: the version and git commit that made it, ``extra``), ``OUT/report.md`` (ours beside the paper's)
-and ``OUT/results.png``. ``config["models"]`` names the models that ran.
+where a value is a number (accuracy in %, or what ``metric`` says) or a string such as ``"OOM"``. An
+experiment that runs several seeds returns ``per_seed``: every seed's value of each cell, in seed
+order, exactly the values the cell averages (the report shows them, the 95% interval of their mean,
+and judges the claims by them). ``run_experiment`` adds the paper's numbers and the wall time, and
+writes ``OUT/results.json`` (keys ``experiment``, ``scale``, ``seed``, ``metric``, ``results``,
+``per_seed``, ``paper``, ``chance``, ``claims``, ``config``, ``seconds``, ``code``: the version and git
+commit that made it, ``extra``), ``OUT/report.md`` (ours beside the paper's, the seeds, chance and the
+claims judged) and ``OUT/results.png``. ``config["models"]`` names the models that ran.
+
+An experiment declares the papers' claims beside their numbers (``Experiment.claims``, each a
+``chronomem.report.Claim``: "model A scores above model B at these settings"); results.json records
+them with the chance level, and the report judges each from the numbers.
+
+``jobs`` (``chronomem.experiments.jobs.Jobs``; ``chronomem run --jobs K``): the experiment's independent
+runs (models x seeds, and environments for the RL experiments) go to ``Jobs.map``, which runs them in
+this process or in K processes of one torch thread each, with the same numbers. Every experiment
+here takes it (``TrainRun`` and ``train_run`` are the supervised experiments' job); one whose ``run``
+does not is refused ``jobs`` above 1.
 
 A scale (``smoke``, ``tour``, ``quick``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
 that fixes step counts, never a wall-clock time: the same seed gives the same table on an idle
@@ -34,7 +48,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chronomem.report import json_default, plot_results, report_markdown
+from chronomem.experiments.jobs import Jobs
+from chronomem.report import (
+    Claim,
+    experiment_claims,
+    json_default,
+    plot_results,
+    report_markdown,
+    resolve_chance,
+    several_experiments,
+)
 
 SCALES = ("smoke", "tour", "quick", "paper")
 Table = dict[str, dict[str, Any]]
@@ -76,15 +99,19 @@ class Scale:
 class Experiment:
     name: str
     description: str
-    run: Callable[..., dict]  # run(scale, out, seed, models=None, time_budget=None, progress=True) -> dict
+    run: Callable[..., dict]  # run(scale, out, seed, models=None, time_budget=None, progress=True, jobs=...) -> dict
     paper: Table = field(default_factory=dict)
     metric: str = "test accuracy (%)"
     paper_source: str = ""
     notes: str = ""
     scales: tuple[str, ...] = ("smoke", "quick", "paper")  # with "tour": part of ``chronomem run tour``
-    # A uniform guess's score in the metric's units, one for every setting or per setting; results.png
-    # marks it on each row (None: no chance level, e.g. one that must be measured).
-    chance: dict[str, float] | float | None = None
+    # A uniform guess's score in the metric's units, one for every setting or per setting, or a function
+    # of the run's results (a level the run measures, e.g. a random policy's return in its extra);
+    # results.png marks it on each row and the results table gives it a column (None: no chance level).
+    chance: dict[str, float] | float | Callable[[dict], dict | float | None] | None = None
+    chance_label: str = "chance"  # the column's name ("random policy" where the run measures one)
+    # The papers' claims, judged from the numbers by the report (chronomem.report.Claim, judge).
+    claims: tuple[Claim, ...] = ()
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -110,9 +137,21 @@ def select_models(available, models=None, experiment: str = "this experiment") -
     return tuple(m for m in available if m in models)
 
 
+def jobs_option(experiment: Experiment, jobs: int | Jobs) -> dict[str, Jobs]:
+    """``{"jobs": Jobs}`` for ``experiment.run`` if it takes ``jobs``; ``{}`` if it does not and ``jobs``
+    is one process; a ValueError naming ``--jobs`` if it does not and more were asked for."""
+    jobs = Jobs.of(jobs)
+    if "jobs" in inspect.signature(experiment.run).parameters:
+        return {"jobs": jobs}
+    if jobs.processes > 1:
+        raise ValueError(f"--jobs {jobs.processes}: {experiment.name} runs its runs one after the other in one "
+                         "process; leave --jobs out")
+    return {}
+
+
 def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0, models=None,
                    progress: bool = True, time_budget: float | None = None, data_dir: str | None = None,
-                   resume: bool = False) -> dict:
+                   resume: bool = False, jobs: int | Jobs = 1) -> dict:
     """Run ``experiment`` at ``scale`` (only ``models``, names, if given) and write its outputs.
 
     ``progress``: passed to ``experiment.run``, which passes it to every training run (each model and
@@ -124,13 +163,17 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     that reads data files (``lm``: enwik8) finds them; an experiment whose ``run`` takes no
     ``data_dir`` rejects it. ``resume``: continue an interrupted run of the same experiment, scale and
     seed in ``out``, reusing the runs (model and seed) it finished; only experiments whose ``run`` takes
-    ``resume`` (the RL ones, whose runs take hours) offer it."""
+    ``resume`` (the RL ones, whose runs take hours) offer it. ``jobs``: how many of the experiment's
+    independent runs go at once, each in its own process with one torch thread (an int), or a
+    ``Jobs`` (its ``threads`` per process); the numbers are those of ``jobs=1``, which runs them one
+    after the other here (``chronomem.experiments.jobs``). results.json's ``config["jobs"]`` records it."""
     if scale not in experiment.scales:
         raise ValueError(f"scale of {experiment.name} must be one of {experiment.scales}, got {scale!r}")
     if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
                                     or not (time_budget > 0 and math.isfinite(time_budget))):
         raise ValueError(f"time_budget must be a positive number of seconds or None, got {time_budget!r}")
-    options = {}
+    jobs = Jobs.of(jobs)
+    options = jobs_option(experiment, jobs)
     if data_dir is not None:
         if "data_dir" not in inspect.signature(experiment.run).parameters:
             raise ValueError(f"data_dir (--data-dir): {experiment.name} reads no data files, got {str(data_dir)!r}")
@@ -155,7 +198,7 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
         raise
     if "paper" not in produced:  # the paper's rows of the models that ran (a scale or --models may pick some)
         produced["paper"] = {m: row for m, row in experiment.paper.items() if m in produced["results"]}
-    produced["config"] = {**produced.get("config", {}), "time_budget": time_budget}
+    produced["config"] = {**produced.get("config", {}), "time_budget": time_budget, "jobs": jobs.processes}
     if resume:  # its seconds are this call's: the runs it loaded took theirs in the interrupted call
         produced["config"]["resumed"] = True
     return finish(experiment, produced.get("scale", scale), out, produced, time.perf_counter() - start, seed)
@@ -184,24 +227,48 @@ def code_version() -> dict[str, Any]:
 
 
 def finish(experiment: Experiment, scale: str, out: Path, produced: dict, seconds: float, seed: int) -> dict:
-    """Write results.json, report.md and results.png for what ``run`` produced."""
+    """Write results.json, report.md and results.png for what ``run`` produced. results.json also records
+    what the report judges the run against (the chance level and the claims), so that it renders alone."""
+    rows = produced["results"]
     results = {
         "experiment": experiment.name,
         "scale": scale,
         "seed": seed,
         "metric": experiment.metric,
-        "results": produced["results"],
+        "results": rows,
+        **({"per_seed": produced["per_seed"]} if "per_seed" in produced else {}),
         "paper": produced.get("paper", experiment.paper),
+        "chance": None,
+        "claims": [dataclasses.asdict(c) for c in experiment_claims(experiment, rows)],
         "config": produced.get("config", {}),
         "seconds": round(seconds, 1),
         "code": code_version(),
+        **({"extra": produced["extra"]} if "extra" in produced else {}),
     }
-    if "extra" in produced:
-        results["extra"] = produced["extra"]
+    if not several_experiments(rows):  # the tour's rows each have their own experiment's (chronomem.report)
+        results["chance"] = resolve_chance(experiment, results)
     write_json_atomic(out / "results.json", results)
     (out / "report.md").write_text(report_markdown(experiment, results))  # chronomem.report renders
     plot_results(results, out / "results.png", experiment.metric)
     return results
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """One training run of a supervised experiment: the arguments of ``train_and_evaluate``, picklable,
+    so that ``Jobs.map(train_run, runs)`` can run it in another process."""
+
+    model: str
+    task: Any
+    model_options: dict
+    train_config: Any  # chronomem.train.TrainConfig
+    eval_tasks: dict | None = None
+    out: str | None = None
+
+
+def train_run(run: TrainRun) -> dict:
+    """``train_and_evaluate`` of ``run`` (the job function of ``Jobs.map``)."""
+    return train_and_evaluate(run.model, run.task, run.model_options, run.train_config, run.eval_tasks, run.out)
 
 
 def train_and_evaluate(model: str, task, model_options: dict, train_config, eval_tasks: dict | None = None,

@@ -54,8 +54,10 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, Scale, select_models, train_and_evaluate
+from chronomem.experiments.base import Experiment, Scale, TrainRun, select_models, train_run
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import names, register_experiment
+from chronomem.report import Claim
 from chronomem.tasks.listops import ListOpsTask
 
 PAPER_ACCURACY = {  # paper 002 Table 1 (BLRP) and paper 003 Table 4 (TLB, Transformer; LRA's Transformer)
@@ -199,26 +201,30 @@ def _available(model: str) -> bool:
 
 
 def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-               time_budget: float | None = None, progress: bool = True) -> dict:
+               time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
     s = SCALES[scale]
     models = select_models(s.models, models, "listops")
     task = make_task(scale, seed, progress)
-    results, extra = {}, {"per_seed": {}, "runs": {}}
+    task.split("train")  # generated here, once (with the test and val splits): every run gets this data
+    trained = [m for m in models if _available(m)]
+    runs = [TrainRun(model, task, model_options(model, s), train_config(scale, seed + k, model, time_budget, progress),
+                     out=str(Path(out) / model / f"seed{seed + k}"))
+            for model in trained for k in range(s.seeds)]
+    rows = iter(jobs.map(train_run, runs))
+    results, per_seed, extra = {}, {}, {"per_seed": {}, "runs": {}}
     for model in models:
-        if not _available(model):
+        if model not in trained:
             results[model] = {"accuracy": "not available"}
             continue
-        options = model_options(model, s)
         accuracies = []
         for k in range(s.seeds):
-            run_seed = seed + k
-            row = train_and_evaluate(model, task, options, train_config(scale, run_seed, model, time_budget, progress),
-                                     out=Path(out) / model / f"seed{run_seed}")
+            row = next(rows)
             accuracies.append(row["accuracy"])
-            extra["runs"][f"{model}/seed{run_seed}"] = {
+            extra["runs"][f"{model}/seed{seed + k}"] = {
                 key: row[key] for key in ("accuracy", "seconds", "steps", "stopped_early", "parameters")
             }
         results[model] = {"accuracy": statistics.fmean(accuracies)}
+        per_seed[model] = {"accuracy": accuracies}
         extra["per_seed"][model] = accuracies
         if len(accuracies) > 1:
             extra.setdefault("std", {})[model] = statistics.stdev(accuracies)
@@ -226,7 +232,7 @@ def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None 
     config = {"scale": asdict(s), "task": task.describe(), "models": {m: model_options(m, s) for m in models},
               "optimizer": {m: describe_optimizer(train_config(scale, seed, m)) for m in models},
               "sources": {m: MODEL_SOURCES[m] for m in models if m in MODEL_SOURCES}}
-    return {"results": results, "config": config, "extra": extra}
+    return {"results": results, "per_seed": per_seed, "config": config, "extra": extra}
 
 
 def describe_data(task: ListOpsTask) -> dict:
@@ -244,8 +250,8 @@ def describe_data(task: ListOpsTask) -> dict:
 
 
 def _run_listops(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                 time_budget: float | None = None, progress: bool = True) -> dict:
-    return _train_all(scale, out, seed, models, time_budget, progress)
+                 time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+    return _train_all(scale, out, seed, models, time_budget, progress, jobs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,6 +300,11 @@ def _evaluate_lengths(run_dir: Path, scale: str, device=None) -> dict[str, float
     return row
 
 
+def _evaluate_run(job: tuple[Path, str]) -> dict[str, float | str]:
+    """``_evaluate_lengths(run_dir, scale)`` of ``job = (run_dir, scale)`` (the job of ``Jobs.map``)."""
+    return _evaluate_lengths(*job)
+
+
 def _mean(values: list) -> float | str:
     """Mean over seeds; a string (e.g. "OOM") if any seed has one."""
     strings = [v for v in values if isinstance(v, str)]
@@ -301,29 +312,31 @@ def _mean(values: list) -> float | str:
 
 
 def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                time_budget: float | None = None, progress: bool = True) -> dict:
+                time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
     out = Path(out)
     models = select_models(SCALES[scale].models, models, "listops-length")
     listops_dir = out.parent / "listops"
     runs = _trained_runs(listops_dir, scale, models)
     source = str(listops_dir)
     if runs is None:  # train them here (same settings as the listops experiment)
-        trained = _train_all(scale, out / "listops", seed, models, time_budget, progress)
+        trained = _train_all(scale, out / "listops", seed, models, time_budget, progress, jobs)
         (out / "listops").mkdir(parents=True, exist_ok=True)
         (out / "listops" / "results.json").write_text(json.dumps({"scale": scale, **trained}, default=str))
         runs = _trained_runs(out / "listops", scale, models) or {}
         source = "trained here (no listops run at this scale in ../listops)"
-    results, per_seed, kept = {}, {}, {}
+    results, per_seed, by_run, kept = {}, {}, {}, {}
+    evaluated = iter(jobs.map(_evaluate_run, [(d, scale) for dirs in runs.values() for d in dirs]))
     for model, dirs in runs.items():
-        rows = [_evaluate_lengths(d, scale) for d in dirs]
-        per_seed[model] = {d.name: r for d, r in zip(dirs, rows, strict=True)}
-        results[model] = {f"x{k}": _mean([r[f"x{k}"] for r in rows]) for k in FACTORS}
+        rows = [next(evaluated) for _ in dirs]  # the run directories seed0, seed1, ... in seed order
+        by_run[model] = {d.name: r for d, r in zip(dirs, rows, strict=True)}
+        per_seed[model] = {f"x{k}": [r[f"x{k}"] for r in rows] for k in FACTORS}
+        results[model] = {f"x{k}": _mean(per_seed[model][f"x{k}"]) for k in FACTORS}
         x1, x4 = results[model]["x1"], results[model]["x4"]
         numbers = not isinstance(x1, str) and not isinstance(x4, str)
         kept[model] = round(x4 / max(x1, 1e-9), 3) if numbers else None
     config = {"scale": asdict(SCALES[scale]), "models": list(runs), "checkpoints": source, "factors": FACTORS}
-    return {"results": results, "config": config,
-            "extra": {"per_seed": per_seed, "x4_over_x1": kept}}
+    return {"results": results, "per_seed": per_seed, "config": config,
+            "extra": {"per_seed": by_run, "x4_over_x1": kept}}
 
 
 LISTOPS = register_experiment(
@@ -335,6 +348,9 @@ LISTOPS = register_experiment(
         metric="test accuracy (%), mean over seeds",
         paper_source="paper 002 Table 1 (BLRP) and paper 003 Table 4 (TLB, Transformer), on LRA data",
         chance=10.0,  # the answer is one of 10 digits
+        # paper 002 Table 1 (BLRP 41.43) and paper 003 Table 4 (TLB 38.2), both above LRA's Transformer (37.6).
+        claims=(Claim("BLRP classifies ListOps better than the Transformer", "blrp", "transformer"),
+                Claim("TLB classifies ListOps better than the Transformer", "tlb", "transformer")),
         notes="quick/tour/smoke use shorter expressions than LRA and one shared width (see config); every "
         "model trains the same number of steps; chance "
         "is 10% and the majority class is in extra.data. At paper scale TLB is the authors' LRA model, the "
@@ -351,6 +367,10 @@ LISTOPS_LENGTH = register_experiment(
         paper=PAPER_LENGTH,
         metric="test accuracy (%) at k x length, mean over seeds",
         paper_source="paper 002 Table 5",
+        chance=10.0,  # the answer is one of 10 digits, at any length
+        # Table 5: BLRP keeps 36.0 / 35.8 / 35.8 at 2x-4x where TLB falls to 17.0 / 15.7 / 14.9.
+        claims=(Claim("BLRP keeps more of its accuracy than TLB on longer expressions", "blrp", "tlb",
+                      settings=("x2", "x3", "x4")),),
         notes="Uses the checkpoints of `chronomem run listops` at the same scale (sibling directory "
         "../listops); extra.x4_over_x1 is the fraction of accuracy kept at 4x length.",
     )

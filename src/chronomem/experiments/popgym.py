@@ -33,14 +33,15 @@ from pathlib import Path
 
 from chronomem.envs.popgym import DIFFICULTIES, ENVS, all_ids, popgym_id
 from chronomem.experiments.base import Experiment, select_models
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.experiments.rl_runs import (
+    PPORun,
     check_cores,
     check_no_time_budget,
     curve,
     max_mean_return,
     mean_curve,
     plot_curves,
-    ppo_run,
     random_return,
     takes_done,
 )
@@ -130,8 +131,18 @@ def paper_rows(envs: tuple[str, ...]) -> dict[str, dict[str, float]]:
     return {model: row for model, row in rows.items() if row}
 
 
+def _train_run(run: PPORun) -> dict:
+    """Train one core on one environment with one seed (the job of ``Jobs.map``): its row of ``extra["runs"]``."""
+    result = run.train()
+    return {"env": _name(run.env_id), "seed": run.seed, "mmer": max_mean_return(result.history),
+            "frames": result.frames, "train_seconds": round(result.seconds, 1),
+            "frames_per_second": round(result.frames / max(result.seconds, 1e-9)),
+            "curve": curve(result.history)}  # the seed band of learning_curves.png
+
+
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, resume: bool = False, progress: bool = True) -> dict:
+         time_budget: float | None = None, resume: bool = False, progress: bool = True,
+         jobs: Jobs = SEQUENTIAL) -> dict:
     check_no_time_budget("popgym", time_budget)
     s = SCALES[scale]
     chosen = select_models(s.models, models, "popgym")
@@ -140,32 +151,28 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
         check_cores("popgym", chosen, probe, s.ppo, s.models)
     skipped = {m: reason for m in chosen if (reason := takes_done(m, probe, s.ppo, s.models[m]))}
     out = Path(out)
+    trained = [m for m in chosen if m not in skipped]
+    ppo_runs = [PPORun(env_id, model, s.models[model], s.ppo, s.frames, run_seed,
+                       str(out / f"{model}-{_name(env_id)}-seed{run_seed}"), progress and scale != "smoke", resume)
+                for model in trained for env_id in s.envs for run_seed in range(seed, seed + s.seeds)]
+    rows = iter(jobs.map(_train_run, ppo_runs))
     results = {m: {_name(e): NOT_RUN for e in s.envs} for m in skipped}
     panels: dict[str, dict] = {_name(e): {} for e in s.envs}
-    runs = {}
-    for model in (m for m in chosen if m not in skipped):
-        results[model] = {}
+    runs, per_seed = {}, {}
+    for model in trained:
+        results[model], per_seed[model] = {}, {}
         for env_id in s.envs:
-            scores, histories = [], []
-            for run_seed in range(seed, seed + s.seeds):
-                result = ppo_run(env_id, model, s.models[model], s.ppo, s.frames, run_seed,
-                                 out / f"{model}-{_name(env_id)}-seed{run_seed}",
-                                 progress=progress and scale != "smoke", reuse=resume)
-                scores.append(max_mean_return(result.history))
-                histories.append(curve(result.history))
-                runs.setdefault(model, []).append({
-                    "env": _name(env_id), "seed": run_seed, "mmer": scores[-1], "frames": result.frames,
-                    "train_seconds": round(result.seconds, 1),
-                    "frames_per_second": round(result.frames / max(result.seconds, 1e-9)),
-                    "curve": histories[-1]})  # the seed band of learning_curves.png
-            ended = [score for score in scores if score is not None]  # runs in which an episode ended
+            done = [next(rows) for _ in range(s.seeds)]
+            runs.setdefault(model, []).extend(done)
+            ended = [row["mmer"] for row in done if row["mmer"] is not None]  # runs in which an episode ended
             results[model][_name(env_id)] = round(sum(ended) / len(ended), 3) if ended else None
-            panels[_name(env_id)][model] = mean_curve(histories)
+            per_seed[model][_name(env_id)] = [row["mmer"] for row in done]  # None: no episode ended
+            panels[_name(env_id)][model] = mean_curve([row["curve"] for row in done])
     results = {m: results[m] for m in chosen}
     config = {"scale": scale, **asdict(s), "models": list(chosen), "skipped": skipped}
     extra = {"runs": runs, "curves": panels, "random_return": random_returns(s.envs)}
     plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
-    return {"results": results, "config": config, "paper": paper_rows(s.envs), "extra": extra}
+    return {"results": results, "per_seed": per_seed, "config": config, "paper": paper_rows(s.envs), "extra": extra}
 
 
 def random_returns(envs: tuple[str, ...]) -> dict[str, float]:
@@ -204,6 +211,9 @@ POPGYM = register_experiment(
         metric="MMER: max over training of the mean episodic return (POPGym's returns lie in [-1, 1])",
         paper_source="POPGym (Morad et al., ICLR 2023, arXiv 2303.01859): its baselines' MMER, RLlib PPO, "
         "15M frames per run; not transcribed yet, so the paper column is empty",
+        # The floor a memory must rise above: a uniformly random policy's mean return, measured by the run.
+        chance=lambda results: results.get("extra", {}).get("random_return"),
+        chance_label="random policy",
         notes="A core listed as 'not run: no done' cannot take episode ends inside a call yet. "
         "learning_curves.png: mean return against frames, one panel per environment, one line per core "
         "(mean over seeds, the band from the lowest to the highest seed), a uniformly random policy's mean "

@@ -9,6 +9,7 @@ machine); frames per second are measured and reported, never used to stop a run.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,27 @@ def ppo_run(env_id: str, model: str, options: dict, ppo: dict, frames: int, seed
         if (Path(out) / "config.json").exists():  # this very run, cut short (finished_run checked its settings)
             shutil.rmtree(out)
     return train(args, options)
+
+
+@dataclass(frozen=True)
+class PPORun:
+    """The arguments of one ``ppo_run``, picklable: the job an RL experiment hands ``Jobs.map``
+    (``chronomem.experiments.jobs``), whose job function trains it (``train()``) and keeps what the
+    table needs (the agent stays in the process that trained it)."""
+
+    env_id: str
+    model: str
+    options: dict
+    ppo: dict
+    frames: int
+    seed: int
+    out: str | None
+    progress: bool
+    reuse: bool = False
+
+    def train(self):
+        return ppo_run(self.env_id, self.model, self.options, self.ppo, self.frames, self.seed,
+                       None if self.out is None else Path(self.out), self.progress, self.reuse)
 
 
 def finished_run(args, options: dict):

@@ -3,7 +3,8 @@
 Each experiment whose scales include ``"tour"`` contributes that scale's models, each sized to train
 in about a minute on 2 cores (step counts, so the table is the same on any machine); ``--scale smoke``
 runs each contributor's smoke scale instead (seconds; what the tests run). ``quick``, the CLI's
-default scale, means the tour scale here.
+default scale, means the tour scale here. ``--jobs K`` goes to each contributor in turn: its runs go
+K at a time (``chronomem.experiments.jobs``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment
+from chronomem.experiments.base import Experiment, jobs_option
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import EXPERIMENTS, register_experiment
 from chronomem.report import TOUR_SEPARATOR
 
@@ -23,18 +25,19 @@ def contributors() -> list[Experiment]:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, progress: bool = True) -> dict:
+         time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
     if models is not None:
         raise ValueError("tour runs each experiment's own tour models and takes no model list; "
                          "use `chronomem run EXPERIMENT --scale tour --models ...` to choose models")
     scale = "smoke" if scale == "smoke" else "tour"
+    options = {experiment.name: jobs_option(experiment, jobs) for experiment in contributors()}  # before any runs
     results, paper, configs, seconds, metrics, details = {}, {}, {}, {}, {}, {}
     for experiment in contributors():
         name = experiment.name
         start = time.perf_counter()
         sub_out = Path(out) / name
         sub_out.mkdir(parents=True, exist_ok=True)
-        produced = experiment.run(scale, sub_out, seed, time_budget=time_budget, progress=progress)
+        produced = experiment.run(scale, sub_out, seed, time_budget=time_budget, progress=progress, **options[name])
         for model, row in produced["results"].items():
             key = f"{name}{TOUR_SEPARATOR}{model}"
             results[key] = row

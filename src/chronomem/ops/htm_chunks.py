@@ -156,8 +156,9 @@ def call_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int, epis
     piece: only the accumulator carries from piece to piece; at an end the partial chunk is committed
     and the row's accumulator emptied, as ``HierarchicalMemory.end_episode`` does. The loop runs only
     over the distinct steps at which some row's episode ends. The accumulator goes from piece to piece
-    detached, so with ``detach=False`` a chunk that spans another row's episode end passes no gradient
-    to its steps before that end (``call_chunks_reference`` keeps them; tests/test_ops_htm_chunks.py).
+    with its graph, so with ``detach=False`` a chunk that spans another row's episode end passes its
+    gradient to all its steps, as ``call_chunks_reference`` does (the caller detaches the accumulator it
+    stores in the state).
     """
     if episodes is None:
         return complete_chunks(acc, x, lengths, overlap, detach)
@@ -171,7 +172,7 @@ def call_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int, epis
         new, filled = complete_chunks(acc, x[:, begin : t + 1], (lengths - begin).clamp(0, t + 1 - begin),
                                       overlap, detach)
         pieces.append(new._replace(end=new.end + begin))
-        acc = filled._replace(accumulator=filled.accumulator.detach())
+        acc = filled  # with its graph: another row's episode end must not cut this row's gradients
         if episode_end:  # some rows' episode ends after step t: commit the partial chunk, restart
             partial = partial_chunk(filled, done[:, t])
             pieces.append(partial._replace(end=torch.full_like(partial.valid, t, dtype=torch.long)))

@@ -9,7 +9,7 @@ weights ``R_i``::
 
 where ``c = LN(contents)`` with ``norm`` (``memory_norm``) and ``+ slot_encoding`` when given.
 
-Three implementations of that one function, chosen by name (``mix_chunks(..., impl=)``; ``read_impl``
+Four implementations of that one function, chosen by name (``mix_chunks(..., impl=)``; ``read_impl``
 on ``HTMAttention`` / ``HTMLayer`` / ``HTMTransformer``):
 
 * ``"reference"``: ``mix_chunks_reference``, a gather and two einsums in plain autograd (it keeps
@@ -17,10 +17,15 @@ on ``HTMAttention`` / ``HTMLayer`` / ``HTMTransformer``):
   whenever dropout is active.
 * ``"gather"``: ``mix_selected_chunks``, the same gather in blocks of queries with a backward that
   gathers again instead of keeping the gathered chunks (saves only ``p``).
+* ``"grouped"``: ``chronomem.ops.htm_grouped.mix_chunks_grouped``, the (query, chunk) pairs sorted by
+  chunk: each tile of pairs reads its chunk once, in one matrix product, and adds into its queries.
 * ``"dense"``: ``mix_chunks_dense``, every query scored against every chunk its group of queries may
   read, one matrix product per batch row, the unselected chunks weighted zero: no per-query gather.
-* ``"auto"``: dense when a call has at least ``DENSE_MIN_QUERIES`` queries and they read at most
-  ``DENSE_CHUNKS_PER_K * top_k`` chunks in all (a long call over a short memory), else gather.
+* ``"auto"``: for a call of at least ``DENSE_MIN_QUERIES`` queries, dense when they read at most
+  ``DENSE_CHUNKS_PER_K * top_k`` chunks in all (a long call over a short memory), else grouped when
+  they select each chunk at least a tile's worth of times on average (``Q * k >= tile_pairs(H) * M``:
+  a long call over a long memory, as in 16k-step training; with fewer, the tiles are mostly padding
+  and the gather is as fast or faster); gather otherwise (an agent's step).
 
 ``tests/test_ops_htm_mix.py`` checks each fast path against the reference (values, gradients,
 gradcheck); timings are in docs/htm.md.
@@ -32,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-NEG = -1e9  # "large negative" logit for hidden chunks and empty slots (released HTM module: -1e6)
-READ_IMPLS = ("auto", "gather", "dense", "reference")
+from chronomem.ops.htm_grouped import NEG, mix_chunks_grouped, tile_pairs
+
+READ_IMPLS = ("auto", "gather", "grouped", "dense", "reference")
 
 # Bytes of gathered slots per block of queries: small enough for the allocator to reuse the buffer
 # (on a CPU, page-faulting a fresh multi-MB buffer per call costs more than the copy).
@@ -91,7 +97,12 @@ def mix_chunks(
     if impl == "dense" or (impl == "auto" and Q >= DENSE_MIN_QUERIES):
         readable = visible.any(1).any(0).nonzero()[:, 0]  # the chunks some query may read
     if impl == "auto":
-        impl = "dense" if readable is not None and len(readable) <= DENSE_CHUNKS_PER_K * k else "gather"
+        if readable is not None and len(readable) <= DENSE_CHUNKS_PER_K * k:
+            impl = "dense"
+        elif Q >= DENSE_MIN_QUERIES and Q * k >= tile_pairs(H) * M:  # the chunks' tiles fill up
+            impl = "grouped"
+        else:
+            impl = "gather"
     if impl == "dense":
         dense_weights = weights.new_zeros(B, Q, M).scatter(-1, top_idx, weights)
         if len(readable) < M:
@@ -99,11 +110,15 @@ def mix_chunks(
             dense_weights, visible = dense_weights[..., readable], visible[..., readable]
         slots = prepare_slots(contents, norm, slot_encoding)
         return mix_chunks_dense(q, dense_weights, slots, slot_valid, visible)
-    if Q * k >= M:  # queries outnumber chunks: transform the whole memory once, not each gathered copy
+    if Q * k >= M or impl == "grouped":  # queries outnumber chunks: transform the whole memory once
         contents, norm, slot_encoding = prepare_slots(contents, norm, slot_encoding), False, None
     if impl == "reference":
         return mix_chunks_reference(q, weights, top_idx, contents, slot_valid, norm, slot_encoding, dropout)
     rows = torch.arange(B, device=q.device)[:, None, None] * M + top_idx  # [B, Q, k] into B*M
+    if impl == "grouped":
+        mixed = mix_chunks_grouped(q.reshape(B * Q, H, D), weights.reshape(B * Q, k), contents.reshape(B * M, C, D),
+                                   slot_valid.reshape(B * M, C), rows.view(B * Q, k))
+        return mixed.view(B, Q, H, D)
     mixed = mix_selected_chunks(
         q.reshape(B * Q, H, D),
         weights.reshape(B * Q, k),

@@ -59,6 +59,7 @@ from chronomem.agents import ActorCritic
 from chronomem.config import setting
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
+from chronomem.threads import threads_set_to
 from chronomem.train.checkpoint import save_checkpoint
 from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
 from chronomem.train.metrics import MetricsLogger
@@ -488,18 +489,16 @@ def train(args: Args, core_options: dict[str, Any] | None = None,
     the one already initialised) and runs as one of the ranks (module docstring, "Scale-out"); every
     rank returns the same weights and history. A process group it created is destroyed at the end."""
     check_new_run(args.out or None, resume)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.torch_threads)
     device = default_device(args.device)
     owns_group = not (dist.is_available() and dist.is_initialized())
     ctx = setup(device)
     finished = False
     try:
-        result = _train(args, dict(core_options or {}), resume, device, ctx)
+        with threads_set_to(args.torch_threads, "--torch-threads"):
+            result = _train(args, dict(core_options or {}), resume, device, ctx)
         finished = True
         return result
     finally:
-        torch.set_num_threads(threads)
         if owns_group and finished:
             cleanup(ctx)  # waits for the other ranks
         elif owns_group and ctx.distributed:
@@ -542,6 +541,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         ranks = f", {ctx.world_size} ranks" if ctx.distributed else ""
         reporter = Progress(num_updates * frames_per_update, f"{args.core} on {args.env}, seed {args.seed}{ranks}",
                             args.progress and ctx.is_main, unit="frame", initial=frames, unit_scale=True)
+        reporter.update(frames, {"mean return": "—"})  # until an episode ends; fixes the order of the metrics
         next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
