@@ -10,7 +10,7 @@ import torch
 
 from chronomem.envs.make import make_vector_env
 from chronomem.registry import MODELS, _load
-from chronomem.rl.ppo import Args, Rollout, collect, gae, make_agent, obs_map, replay, train
+from chronomem.rl.ppo import Args, Rollout, collect, differentiable_on_cudnn, gae, make_agent, obs_map, replay, train
 
 pytest.importorskip("gymnasium")
 torch.set_num_threads(1)
@@ -76,6 +76,26 @@ def test_replay_recomputes_the_acting_log_probabilities_and_values(core):
             torch.testing.assert_close(logprobs, rollout.logprobs[rows], atol=1e-5, rtol=0)
             torch.testing.assert_close(values, rollout.values[rows], atol=1e-5, rtol=0)
             assert (entropy > 0).all()
+
+
+def test_the_update_differentiates_an_lstm_in_training_mode_and_replays_the_acting_function(device):
+    """cuDNN differentiates an nn.LSTM only in training mode, and the agent acts in eval mode: for the
+    update its dropout-free RNNs switch to training mode (the same function), then back. On a GPU
+    (CHRONOMEM_TEST_DEVICE=cuda) the backward below is the one that failed in eval mode."""
+    agent, envs = agent_and_envs("lstm")
+    agent.to(device)
+    obs, _ = envs.reset(seed=[11, 12, 13, 14])
+    rollout, _, _ = collect(agent, envs, obs, agent.initial_state(4, device), 12)
+    envs.close()
+    rnns = [m for m in agent.modules() if isinstance(m, torch.nn.RNNBase)]
+    assert rnns and not any(m.training for m in rnns)
+    with differentiable_on_cudnn(agent):
+        assert all(m.training for m in rnns) and not agent.training
+        logprobs, _, values, _ = replay(agent, rollout, torch.arange(4, device=device))
+        (logprobs.sum() + values.sum()).backward()
+    assert not any(m.training for m in rnns)
+    torch.testing.assert_close(logprobs.detach(), rollout.logprobs, atol=1e-5, rtol=0)
+    assert all(p.grad is not None for p in rnns[0].parameters())
 
 
 def naive_gae(r, v, term, trunc, final, next_v, gamma, lam):

@@ -110,7 +110,7 @@ def finished_run(args, options: dict):
     from chronomem.rl.ppo import PPOResult
     from chronomem.train.checkpoint import checkpoint_name
     from chronomem.train.metrics import read_metrics
-    from chronomem.train.resume import differences, find_run
+    from chronomem.train.resume import differences, find_run, set_rng_state
 
     run_dir = Path(args.out)
     if not (run_dir / "config.json").exists():
@@ -128,7 +128,7 @@ def finished_run(args, options: dict):
         return None
     agent, _, _ = load_agent(checkpoint, device=args.device)
     trainer = torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
-    torch.set_rng_state(trainer["rng"]["torch"])
+    set_rng_state(trainer["rng"])  # the CPU generator and, where the run used one, the GPU's
     return PPOResult(agent, frames, float(trainer["seconds"]), read_metrics(run_dir / "metrics.csv"))
 
 

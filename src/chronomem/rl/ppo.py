@@ -42,6 +42,7 @@ bootstrapped (CleanRL treats it as terminal, as do torch-ac and rl-starter-files
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -53,7 +54,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from chronomem.agents import ActorCritic
 from chronomem.config import setting
@@ -63,7 +64,7 @@ from chronomem.threads import threads_set_to
 from chronomem.train.checkpoint import save_checkpoint
 from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
 from chronomem.train.metrics import MetricsLogger
-from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer
+from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer, rng_state
 
 
 @dataclass
@@ -374,6 +375,21 @@ def replay(agent: ActorCritic, rollout: Rollout, rows: Tensor) -> tuple[Tensor, 
     return logprobs, entropy, values, auxiliary
 
 
+@contextlib.contextmanager
+def differentiable_on_cudnn(agent: nn.Module):
+    """The agent acts and replays in eval mode (the same function both times, no dropout), but cuDNN
+    differentiates an ``nn.RNN``/``LSTM``/``GRU`` only in training mode. Such a module without dropout
+    computes the same function in either mode, so for the update it is put in training mode, then back."""
+    switched = [m for m in agent.modules() if isinstance(m, nn.RNNBase) and not m.training and m.dropout == 0]
+    for module in switched:
+        module.train()
+    try:
+        yield
+    finally:
+        for module in switched:
+            module.eval()
+
+
 def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout, advantages: Tensor,
           returns: Tensor, args: Args, ctx: Context | None = None) -> dict[str, float]:
     """PPO's epochs over one rollout; the means of the losses and diagnostics over its minibatches.
@@ -560,7 +576,8 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker)
             toc = time.perf_counter()
             advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
-            stats = learn(agent, optimizer, rollout, advantages, returns, args, ctx)
+            with differentiable_on_cudnn(agent):
+                stats = learn(agent, optimizer, rollout, advantages, returns, args, ctx)
             split["env"] += rollout.env_seconds
             split["act"] += toc - tic - rollout.env_seconds
             split["learn"] += time.perf_counter() - toc
@@ -620,4 +637,4 @@ def reduce_stats(stats: dict[str, float], episodes: list[tuple[float, int]], ctx
 
 def _trainer_state(frames: int, optimizer, seconds: float) -> dict[str, Any]:
     return {"step": frames, "seconds": seconds, "optimizer": optimizer.state_dict(),
-            "rng": {"torch": torch.get_rng_state()}}
+            "rng": rng_state()}
