@@ -24,8 +24,9 @@ them with the chance level, and the report judges each from the numbers.
 ``jobs`` (``chronomem.experiments.jobs.Jobs``; ``chronomem run --jobs K``): the experiment's independent
 runs (models x seeds, and environments for the RL experiments) go to ``Jobs.map``, which runs them in
 this process or in K processes of one torch thread each, with the same numbers. Every experiment
-here takes it (``TrainRun`` and ``train_run`` are the supervised experiments' job); one whose ``run``
-does not is refused ``jobs`` above 1.
+here takes it (``TrainRun`` and ``train_run`` are the supervised experiments' job, and ``train_seeds``
+trains their models x seeds in one map and averages the seeds); one whose ``run`` does not is refused
+``jobs`` above 1.
 
 A scale (``smoke``, ``tour``, ``quick``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
 that fixes step counts, never a wall-clock time: the same seed gives the same table on an idle
@@ -42,6 +43,7 @@ import inspect
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -269,6 +271,36 @@ class TrainRun:
 def train_run(run: TrainRun) -> dict:
     """``train_and_evaluate`` of ``run`` (the job function of ``Jobs.map``)."""
     return train_and_evaluate(run.model, run.task, run.model_options, run.train_config, run.eval_tasks, run.out)
+
+
+# What extra["runs"] keeps of each run besides its accuracy.
+RUN_RECORD = ("seconds", "steps", "stopped_early", "parameters")
+
+
+def train_seeds(runs: list[TrainRun], seeds: int, out: Path, jobs: Jobs, cells: Callable[[dict], dict],
+                accuracy_name: str = "accuracy") -> dict:
+    """Train each of ``runs`` (one per model, its ``train_config.seed`` the first seed) with the seeds
+    seed, seed + 1, ..., seed + seeds - 1, each in its own directory ``out/MODEL/seedN``. The models x
+    seeds go to ``jobs.map`` as one list, so ``--jobs K`` trains K of them at once.
+
+    ``cells(row)`` is one run's cells of the table (``{setting: value}``) from ``train_and_evaluate``'s
+    row, e.g. ``{"T=100": row["accuracy"]}``. Returns ``{"results": {model: {setting: mean over the
+    seeds}}, "per_seed": {model: {setting: [value per seed, in seed order]}}, "runs": {"MODEL/seedN":
+    {accuracy_name: the run's accuracy on the task it trained on, "seconds", "steps", "stopped_early",
+    "parameters"}}}``: what ``Experiment.run`` returns as results and per_seed, and the runs for its extra."""
+    seeded = [dataclasses.replace(run, train_config=dataclasses.replace(run.train_config, seed=seed),
+                                  out=str(Path(out) / run.model / f"seed{seed}"))
+              for run in runs for seed in range(run.train_config.seed, run.train_config.seed + seeds)]
+    per_seed: dict[str, dict[str, list]] = {}
+    records = {}
+    for run, row in zip(seeded, jobs.map(train_run, seeded), strict=True):
+        for setting, value in cells(row).items():
+            per_seed.setdefault(run.model, {}).setdefault(setting, []).append(value)
+        records[f"{run.model}/seed{run.train_config.seed}"] = {accuracy_name: row["accuracy"],
+                                                             **{key: row[key] for key in RUN_RECORD}}
+    results = {model: {setting: statistics.fmean(values) for setting, values in row.items()}
+               for model, row in per_seed.items()}
+    return {"results": results, "per_seed": per_seed, "runs": records}
 
 
 def train_and_evaluate(model: str, task, model_options: dict, train_config, eval_tasks: dict | None = None,
