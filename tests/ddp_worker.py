@@ -32,7 +32,7 @@ def main(out: Path) -> None:
     # A wall-clock budget with the decay annealed over it: the ranks' clocks differ, so only the
     # trainer's per-step average of them keeps their learning rates equal and their last step the same.
     cfg = TrainConfig(steps=100_000, batch_size=4, lr=1e-2, schedule="linear", time_budget=3.0, anneal_by="budget",
-                      progress=False, out=str(out / "run"), eval_examples=8)
+                      progress=False, out=str(out / "run"), eval_examples=8, device="cpu")  # gloo ranks, GPU or not
     result = train(model, CopyTask(seq_len=4, copy_len=2), cfg)
     weights = {k: v.detach().contiguous() for k, v in result.model.state_dict().items()}
     save_file(weights, out / f"rank{rank}.safetensors")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chronomem.experiments import babyai, ballet_rl, htm, images, listops, lm, minigrid, popgym, relevance
+from chronomem.experiments import babyai, ballet_rl, base, htm, images, listops, lm, minigrid, popgym, relevance
 from chronomem.experiments import copy_baselines as copy
 from chronomem.experiments.base import Experiment, run_experiment
 from chronomem.registry import EXPERIMENTS, get_experiment
@@ -230,11 +230,17 @@ def fake_value(model: str, setting: str, seed: int) -> float:
     return 10.0 + 7 * (sum(map(ord, model)) % 5) + (sum(map(ord, setting)) % 3) + 2.5 * seed
 
 
+def fake_train_run(run: base.TrainRun) -> dict:
+    """Stands in for ``base.train_run``: ``train_and_evaluate``'s row with ``fake_value`` accuracies, on
+    the task trained on (setting "accuracy") and on each evaluated task."""
+    seed = run.train_config.seed
+    return {"accuracy": fake_value(run.model, "accuracy", seed), "seconds": 0.0, "steps": 1, "stopped_early": False,
+            "parameters": 1, "eval": {name: fake_value(run.model, name, seed) for name in run.eval_tasks or {}}}
+
+
 def test_listops_and_listops_length_list_their_seeds(tmp_path, monkeypatch):
     monkeypatch.setitem(listops.SCALES, "smoke", dataclasses.replace(listops.SCALES["smoke"], seeds=3))
-    monkeypatch.setattr(listops, "train_run", lambda run: {
-        "accuracy": fake_value(run.model, "accuracy", run.train_config.seed), "seconds": 0.0, "steps": 1,
-        "stopped_early": False, "parameters": 1})
+    monkeypatch.setattr(base, "train_run", fake_train_run)
     produced = listops._run_listops("smoke", tmp_path / "listops", 4, progress=False)
     check_per_seed(produced, [4, 5, 6], fake_value)
     dirs = {m: [tmp_path / m / f"seed{k}" for k in range(3)] for m in ("blrp", "tlb")}
@@ -245,6 +251,18 @@ def test_listops_and_listops_length_list_their_seeds(tmp_path, monkeypatch):
     produced = listops._run_length("smoke", tmp_path / "length", 0, models=("tlb", "blrp"), progress=False)
     assert produced["results"]["tlb"]["x4"] == "OOM" and produced["per_seed"]["tlb"]["x4"][1] == "OOM"
     check_per_seed(produced, [0, 1, 2], fake_value)
+
+
+@pytest.mark.parametrize("scales, run", [(copy.SCALES, copy._run), (htm.BALLET_SCALES, htm._ballet),
+                                         (htm.PAI_SCALES, htm._pai)], ids=["copy-baselines", "ballet", "pai"])
+def test_copy_baselines_ballet_and_pai_list_their_seeds(tmp_path, monkeypatch, scales, run):
+    monkeypatch.setitem(scales, "smoke", dataclasses.replace(scales["smoke"], seeds=3))
+    monkeypatch.setattr(base, "train_run", fake_train_run)
+    produced = run("smoke", tmp_path, 2, progress=False)
+    # Copy's cell is the accuracy on the task trained on; Ballet's and PAI's the evaluated tasks'.
+    value = (lambda m, s, seed: fake_value(m, "accuracy", seed)) if run is copy._run else fake_value
+    check_per_seed(produced, [2, 3, 4], value)
+    assert list(produced["extra"]["runs"]) == [f"{m}/seed{k}" for m in produced["results"] for k in (2, 3, 4)]
 
 
 def test_resolution_transfer_lists_its_seeds_and_each_seeds_share_kept(tmp_path, monkeypatch):
@@ -397,7 +415,7 @@ def produced_at(name: str, scale: str) -> dict[str, set[str]]:
         return table(listops.SCALES[scale].models, ["accuracy"])
     if name == "listops-length":
         return table(listops.SCALES[scale].models, [f"x{k}" for k in listops.FACTORS])
-    if name == "resolution-transfer":
+    if name in ("resolution-transfer", "resolution-transfer-learned"):  # one table, two position schemes
         s = images.SCALES[scale]
         several = len(s.datasets) > 1
         names = [f"{k}x" for k in s.factors] + [images.KEPT]
@@ -431,7 +449,8 @@ def problems(claim: Claim, produced: dict[str, set[str]]) -> list[str]:
 
 
 CLAIMED = ("copy-baselines", "transfer-copy", "denoise", "ballet", "pai", "listops", "listops-length",
-           "resolution-transfer", "lm", "minigrid-transfer", "ballet-rl", "babyai", "babyai-multi")
+           "resolution-transfer", "resolution-transfer-learned", "lm", "minigrid-transfer", "ballet-rl", "babyai",
+           "babyai-multi")
 
 
 @pytest.mark.parametrize("name", CLAIMED)

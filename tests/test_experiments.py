@@ -57,7 +57,9 @@ def test_scales_are_typed_step_counts_and_serialise(experiment):
 def test_a_time_budget_stops_runs_and_anneals_over_it():
     quick = htm.BALLET_SCALES["quick"]
     cfg = quick.train_config(seed=0, time_budget=90.0)
-    assert (cfg.time_budget, cfg.anneal_by, cfg.schedule, cfg.steps) == (90.0, "budget", "cosine", quick.steps)
+    # the clock ends the run: the steps are only a far ceiling, so a faster model takes more of them
+    assert (cfg.time_budget, cfg.anneal_by, cfg.schedule, cfg.steps) == (90.0, "budget", "cosine",
+                                                                         quick.steps * base.BUDGET_STEP_CEILING)
     assert htm.BALLET_SCALES["tour"].train_config(0, 90.0).anneal_by == "steps"  # a constant lr has no decay
 
 
@@ -89,6 +91,28 @@ def test_a_smoke_run_twice_gives_identical_metrics(tmp_path, experiment):
     assert losses[0] == losses[1]
     if experiment == "listops":
         assert len(losses[0]) == 4 and all(losses[0].values())
+
+
+def trained_weights(run_dir: Path) -> dict:
+    """The weights of a run's last checkpoint."""
+    from safetensors.torch import load_file
+
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    return load_file(run_dir / "checkpoints" / latest / "model.safetensors")
+
+
+def test_a_smoke_run_of_two_seeds_averages_them_and_trains_each_its_own_weights(tmp_path):
+    assert htm.PAI_SCALES["smoke"].seeds == 2  # pai's smoke scale: seeds 1 and 2 here
+    produced = run_experiment(get_experiment("pai"), "smoke", tmp_path, seed=1, progress=False)
+    for model, row in produced["results"].items():
+        for setting, cell in row.items():
+            values = produced["per_seed"][model][setting]
+            assert len(values) == 2 and cell == pytest.approx(sum(values) / 2), (model, setting)
+    assert list(produced["extra"]["runs"]) == ["htm/seed1", "htm/seed2", "transformer/seed1", "transformer/seed2"]
+    for model in ("htm", "transformer"):
+        first, second = (trained_weights(tmp_path / model / f"seed{k}") for k in (1, 2))
+        assert first.keys() == second.keys()
+        assert any(not torch.equal(first[name], second[name]) for name in first), model  # each seed reached its run
 
 
 def test_code_version_names_this_checkout(tmp_path, monkeypatch):

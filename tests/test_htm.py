@@ -687,7 +687,7 @@ def test_ballet_experiment_smoke(tmp_path):
     assert set(results["results"]) == {"htm", "transformer-xl", "lstm"}
     for model, row in results["results"].items():  # one model per memory, evaluated per level
         assert set(row) == {"2_delay16"} and 0 <= row["2_delay16"] <= 100
-        assert "accuracy_on_training_mixture" in results["extra"][model]
+        assert "accuracy_on_training_mixture" in results["extra"]["runs"][f"{model}/seed0"]
     assert "tour" in experiment.scales and (tmp_path / "report.md").exists()
 
 

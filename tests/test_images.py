@@ -1,6 +1,7 @@
 """Images as patch sequences: the CIFAR and IDX readers on small files written here, their errors,
-patches in raster order, 2-D positions that transfer to a longer sequence, the models at two
-resolutions, and the resolution-transfer experiment at smoke scale."""
+patches in raster order, 2-D positions that transfer to a longer sequence (fixed sinusoids, or ViT's
+learned table resized bilinearly, checked against a naive reference), the models at two resolutions,
+and the resolution-transfer experiments at smoke scale."""
 
 import gzip
 import struct
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from chronomem import encoders
 from chronomem.cli import main
 from chronomem.encoders import PatchEncoder
 from chronomem.heads import Classifier, build_model
@@ -227,6 +229,113 @@ def test_patch_encoder_checks_its_input():
         Classifier(get_model("vit")(dim=8, depth=1, num_heads=2), 8, 10, vocab_size=5, encoder=enc)
 
 
+def test_sinusoid_positions_are_still_the_default():
+    """Without ``positions`` the encoder is the one resolution-transfer's results were made with: a
+    linear map of the pixels plus the 2-D sinusoids of the patch's place in the training grid, and no
+    other parameter (its checkpoints load unchanged)."""
+    torch.manual_seed(0)
+    enc = PatchEncoder(channels=1, patch_size=2, dim=8, grid=3)
+    assert enc.position_scheme == "sinusoid" and set(enc.state_dict()) == {"linear.weight", "linear.bias"}
+    for side in (6, 12):  # 1x and 2x
+        x = patchify(torch.randn(2, 1, side, side), 2)
+        place = x[..., -2:] * 3 - 0.5  # centres in patches of the training grid
+        want = enc.linear(x[..., :4]) + torch.cat([sinusoid_from_positions(place[..., 0], 4),
+                                                   sinusoid_from_positions(place[..., 1], 4)], -1)
+        torch.testing.assert_close(enc(x), want)
+
+
+def learned_encoder(grid=3, dim=6, seed=0) -> PatchEncoder:
+    """A learned-position encoder with a random table (far from its N(0, 0.02) start, so that errors show)."""
+    torch.manual_seed(seed)
+    enc = PatchEncoder(channels=1, patch_size=2, dim=dim, grid=grid, positions="learned")
+    with torch.no_grad():
+        enc.table.copy_(torch.randn(grid, grid, dim))
+    return enc
+
+
+def bilinear_reference(table: torch.Tensor, side: int) -> torch.Tensor:
+    """``table [g, g, D]`` resized to ``[side, side, D]`` one output entry at a time, with the
+    align_corners=False convention: output row i reads input row ``(i + 0.5) * g / side - 0.5`` (clamped
+    at 0, the first entry's centre), the weighted mean of the two rows around it; columns likewise."""
+    g = table.shape[0]
+
+    def source(i):  # (lower neighbour, upper neighbour, weight of the upper one)
+        at = max((i + 0.5) * g / side - 0.5, 0.0)
+        low = min(int(at), g - 1)
+        return low, min(low + 1, g - 1), at - low
+
+    out = torch.empty(side, side, table.shape[2], dtype=table.dtype)
+    for i in range(side):
+        r0, r1, wr = source(i)
+        for j in range(side):
+            c0, c1, wc = source(j)
+            out[i, j] = ((1 - wr) * (1 - wc) * table[r0, c0] + (1 - wr) * wc * table[r0, c1]
+                         + wr * (1 - wc) * table[r1, c0] + wr * wc * table[r1, c1])
+    return out
+
+
+def test_learned_positions_at_the_training_grid_are_the_table(monkeypatch):
+    enc = learned_encoder(grid=3, dim=6)  # any width: no sin/cos halves to split
+    assert enc.table.shape == (3, 3, 6) and enc.table_at(3) is enc.table  # used as is, not resampled
+
+    def no_resampling(*args, **kwargs):
+        raise AssertionError("the table was interpolated at the training grid")
+
+    monkeypatch.setattr(encoders.F, "interpolate", no_resampling)
+    x = patchify(torch.randn(2, 1, 6, 6), 2)  # 3 x 3 patches, raster order
+    with torch.no_grad():
+        torch.testing.assert_close(enc(x), enc.linear(x[..., :4]) + enc.table.reshape(9, 6))
+        shuffled = x[:, torch.randperm(9)]  # each patch takes the entry of its own centre, in any order
+        torch.testing.assert_close(enc(shuffled), enc.linear(shuffled[..., :4])
+                                   + enc.table[(shuffled[..., 4] * 3).long(), (shuffled[..., 5] * 3).long()])
+
+
+@pytest.mark.parametrize("side", [6, 12, 5, 2])  # 2x, 4x, a factor that is no integer, a smaller grid
+def test_learned_positions_are_resized_bilinearly(side):
+    enc = learned_encoder(grid=3, dim=6)
+    with torch.no_grad():
+        want = bilinear_reference(enc.table, side)
+        torch.testing.assert_close(enc.table_at(side), want)
+        x = patchify(torch.randn(2, 1, 2 * side, 2 * side), 2)  # side x side patches
+        torch.testing.assert_close(enc(x), enc.linear(x[..., :4]) + want.reshape(side * side, 6))
+
+
+def test_the_reference_is_not_the_corner_aligned_resize():
+    # The check can fail: the corner-aligned convention (the JAX ViT's scipy zoom) differs from ours at 2x.
+    table = learned_encoder().table.detach()
+    aligned = torch.nn.functional.interpolate(table.permute(2, 0, 1)[None], size=(6, 6), mode="bilinear",
+                                              align_corners=True)[0].permute(1, 2, 0)
+    assert not torch.allclose(aligned, bilinear_reference(table, 6), atol=1e-3)
+
+
+@pytest.mark.parametrize("side", [3, 6])
+def test_gradients_reach_the_learned_table(side):
+    enc = learned_encoder(grid=3, dim=6)
+    x = patchify(torch.randn(2, 1, 2 * side, 2 * side), 2)
+    (enc(x) * torch.randn(2, side * side, 6)).sum().backward()
+    assert enc.table.grad is not None and bool((enc.table.grad != 0).all())  # every entry is read at 1x and 2x
+
+
+def test_learned_positions_start_as_vits():
+    torch.manual_seed(0)
+    table = PatchEncoder(channels=1, patch_size=2, dim=64, grid=8, positions="learned").table.detach()
+    assert abs(float(table.mean())) < 0.002 and abs(float(table.std()) - 0.02) < 0.001  # N(0, 0.02)
+
+
+def test_bad_positions_name_the_argument_and_the_choices():
+    with pytest.raises(ValueError, match=r"positions must be one of \('sinusoid', 'learned'\), got 'bogus'"):
+        PatchEncoder(channels=1, patch_size=2, dim=8, grid=3, positions="bogus")
+    task = ImageTask(data=tiny_data(), resolution=8, patch_size=2)
+    with pytest.raises(ValueError, match=r"patch_positions must be one of \('sinusoid', 'learned'\), got 'fixed'"):
+        build_model("vit", task, dim=8, num_heads=2, patch_positions="fixed")
+    with pytest.raises(ValueError, match="patch_positions='learned' .* has no patches"):
+        build_model("transformer", get_task("copy")(), dim=8, num_heads=2, patch_positions="learned")
+    enc = learned_encoder()
+    with pytest.raises(ValueError, match="square grid .* got 8 patches"):
+        enc(patchify(torch.randn(1, 1, 8, 4), 2))
+    PatchEncoder(channels=1, patch_size=2, dim=6, grid=3, positions="learned")  # no multiple of 4 needed
+
+
 def tiny_data(n_train=24, n_test=8, channels=1, side=8, seed=0) -> ImageData:
     g = torch.Generator().manual_seed(seed)
     return ImageData(torch.randint(0, 256, (n_train, channels, side, side), generator=g, dtype=torch.uint8),
@@ -264,13 +373,14 @@ ROWS = {
 }
 
 
+@pytest.mark.parametrize("positions", ["sinusoid", "learned"])
 @pytest.mark.parametrize("row", sorted(ROWS))
-def test_models_read_images_at_two_resolutions(row):
+def test_models_read_images_at_two_resolutions(row, positions):
     task = ImageTask(data=tiny_data(channels=3), resolution=8, patch_size=2)
     model, options = ROWS[row]
     torch.manual_seed(0)
-    net = build_model(model, task, dim=16, num_heads=2, ff_mult=2.0, **options).eval()
-    assert isinstance(net.embed, PatchEncoder) and net.embed.grid == 4
+    net = build_model(model, task, dim=16, num_heads=2, ff_mult=2.0, patch_positions=positions, **options).eval()
+    assert isinstance(net.embed, PatchEncoder) and net.embed.grid == 4 and net.embed.position_scheme == positions
     for resolution in (8, 16):
         batch = next(task.with_resolution(resolution).eval_batches(4, 4))
         logits, _ = net(batch.inputs)
@@ -319,6 +429,36 @@ def test_resolution_transfer_runs_at_smoke_scale(tmp_path, monkeypatch):
     model, task, spec = load_run(tmp_path / "run" / "fashion-mnist" / "vit" / "seed0", device="cpu")
     assert spec["task_options"]["resolution"] == 8 and task.patches["grid"] == 2  # 8 / patch 4
     assert evaluate(model, task, 50, 16)["accuracy"] == result["extra"]["per_seed"]["fashion-mnist/vit"]["1x"][0]
+
+
+def test_the_learned_positions_experiment_gives_resolution_transfers_table(tmp_path, monkeypatch):
+    """resolution-transfer-learned: the same rows, columns, paper numbers and claims as
+    resolution-transfer, every model's patch encoder with ViT's learned table."""
+    from chronomem.experiments.base import run_experiment
+    from chronomem.registry import get_experiment
+    from chronomem.train import evaluate, load_run
+
+    write_fashion_mnist(tmp_path / "data", n_train=30, n_test=16)
+    monkeypatch.setenv(images.ENV_DATA_DIR, str(tmp_path / "data"))
+    base, learned = (get_experiment(name) for name in ("resolution-transfer", "resolution-transfer-learned"))
+    assert learned.claims == base.claims and learned.paper == base.paper and "decisive test" in learned.notes
+    got = {e.name: run_experiment(e, "smoke", tmp_path / e.name, progress=False) for e in (base, learned)}
+    sinusoid, table = got["resolution-transfer"], got["resolution-transfer-learned"]
+    def columns(run):
+        return {model: set(row) for model, row in run["results"].items()}
+
+    assert columns(table) == columns(sinusoid)
+    assert table["paper"] == sinusoid["paper"] and set(table["extra"]["runs"]) == set(sinusoid["extra"]["runs"])
+    assert table["config"].pop("patch_positions") == "learned" and "patch_positions" not in sinusoid["config"]
+    for row, (model, options) in table["config"]["models"].items():
+        assert options.pop("patch_positions") == "learned"  # every row alike, nothing else changed
+        assert [model, options] == list(sinusoid["config"]["models"][row])
+    assert {k: v for k, v in table["config"].items() if k != "models"} == \
+        {k: v for k, v in sinusoid["config"].items() if k != "models"}
+    # A run rebuilds with its learned table from the saved spec and gives its test accuracy again.
+    net, task, _ = load_run(tmp_path / learned.name / "fashion-mnist" / "blrp" / "seed0", device="cpu")
+    assert net.embed.position_scheme == "learned" and net.embed.table.shape == (2, 2, 16)
+    assert evaluate(net, task, 50, 16)["accuracy"] == table["extra"]["per_seed"]["fashion-mnist/blrp"]["1x"][0]
 
 
 def test_paper_scale_has_both_cifar_datasets_side_by_side():

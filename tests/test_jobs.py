@@ -81,6 +81,11 @@ def test_listops_in_two_processes_gives_the_sequential_numbers(tmp_path):
     assert len(logged_metrics(tmp_path / "2")) == len(saved["config"]["models"]) == 4
 
 
+def test_pai_in_two_processes_gives_the_sequential_numbers(tmp_path):
+    saved = assert_same_numbers("pai", tmp_path)  # its smoke scale runs two seeds: 4 runs over 2 processes
+    assert len(logged_metrics(tmp_path / "2")) == len(saved["extra"]["runs"]) == 4
+
+
 def test_an_rl_experiment_in_two_processes_gives_the_sequential_numbers(tmp_path):
     pytest.importorskip("gymnasium")
     try:

@@ -90,7 +90,8 @@ def test_grouped_mix_matches_plain_autograd(tile_rows, block_bytes, table_grad, 
         mix = lambda q, w, t: mix_chunks_grouped(q, w, t, slot_table, rows, **sizes)
     else:
         mix = lambda q, w: mix_chunks_grouped(q, w, table, slot_table, rows, **sizes)
-    assert torch.autograd.gradcheck(mix, inputs)
+    # On a GPU index_add_ sums with atomics, in any order: a backward run twice may differ in the last bits.
+    assert torch.autograd.gradcheck(mix, inputs, nondet_tol=1e-12 if device.type == "cuda" else 0.0)
 
 
 def test_group_pairs_tiles_every_pair_once():

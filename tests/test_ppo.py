@@ -10,7 +10,7 @@ import torch
 
 from chronomem.envs.make import make_vector_env
 from chronomem.registry import MODELS, _load
-from chronomem.rl.ppo import Args, Rollout, collect, gae, make_agent, obs_map, replay, train
+from chronomem.rl.ppo import Args, Rollout, collect, differentiable_on_cudnn, gae, make_agent, obs_map, replay, train
 
 pytest.importorskip("gymnasium")
 torch.set_num_threads(1)
@@ -76,6 +76,68 @@ def test_replay_recomputes_the_acting_log_probabilities_and_values(core):
             torch.testing.assert_close(logprobs, rollout.logprobs[rows], atol=1e-5, rtol=0)
             torch.testing.assert_close(values, rollout.values[rows], atol=1e-5, rtol=0)
             assert (entropy > 0).all()
+
+
+@pytest.mark.parametrize("core", ["lstm", "transformer-xl", "tlb", "htm", "relevance-lstm"])
+def test_replay_in_windows_starts_each_from_the_state_stored_while_acting(core):
+    """recurrence = 4 of T = 12: the three windows of each row are replayed side by side, each from the
+    state the agent had at its first step, so the replay still gives the acting log-probabilities and
+    values, episode ends inside and across windows included."""
+    agent, envs = agent_and_envs(core)
+    obs, _ = envs.reset(seed=[11, 12, 13, 14])
+    _, obs, state = collect(agent, envs, obs, agent.initial_state(4), 12)
+    rollout, _, _ = collect(agent, envs, obs, state, 12, window=4)
+    envs.close()
+    assert rollout.window == 4 and rollout.done[:, :-1].any(0).sum() >= 2
+    with torch.no_grad():
+        for rows in ([0, 1], [3, 0], [2]):
+            logprobs, _, values, _ = replay(agent, rollout, torch.tensor(rows))
+            torch.testing.assert_close(logprobs, rollout.logprobs[rows], atol=1e-5, rtol=0)
+            torch.testing.assert_close(values, rollout.values[rows], atol=1e-5, rtol=0)
+
+
+def test_no_gradient_crosses_a_window_start():
+    """Truncated back-propagation: the values of the second window do not depend, through the memory, on
+    the observations of the first; replayed whole, they do."""
+    agent, envs = agent_and_envs("lstm")
+    obs, _ = envs.reset(seed=[1, 2, 3, 4])
+    whole, _, _ = collect(agent, envs, obs, agent.initial_state(4), 8)
+    obs, _ = envs.reset(seed=[1, 2, 3, 4])
+    agent_state = agent.initial_state(4)
+    windows, _, _ = collect(agent, envs, obs, agent_state, 8, window=4)
+    envs.close()
+    for rollout, crosses in ((whole, True), (windows, False)):
+        rollout.obs = rollout.obs.float().requires_grad_(True)
+        _, _, values, _ = replay(agent, rollout, torch.arange(4))
+        values[:, 4:].sum().backward()
+        reached = rollout.obs.grad[:, :4].abs().sum() > 0
+        assert bool(reached) == crosses
+
+
+def test_recurrence_must_divide_the_rollout():
+    with pytest.raises(ValueError, match="--recurrence must be a positive integer that divides --num-steps 12"):
+        tiny_args(recurrence=5)
+    assert tiny_args(recurrence=4).recurrence == 4
+
+
+def test_the_update_differentiates_an_lstm_in_training_mode_and_replays_the_acting_function(device):
+    """cuDNN differentiates an nn.LSTM only in training mode, and the agent acts in eval mode: for the
+    update its dropout-free RNNs switch to training mode (the same function), then back. On a GPU
+    (CHRONOMEM_TEST_DEVICE=cuda) the backward below is the one that failed in eval mode."""
+    agent, envs = agent_and_envs("lstm")
+    agent.to(device)
+    obs, _ = envs.reset(seed=[11, 12, 13, 14])
+    rollout, _, _ = collect(agent, envs, obs, agent.initial_state(4, device), 12)
+    envs.close()
+    rnns = [m for m in agent.modules() if isinstance(m, torch.nn.RNNBase)]
+    assert rnns and not any(m.training for m in rnns)
+    with differentiable_on_cudnn(agent):
+        assert all(m.training for m in rnns) and not agent.training
+        logprobs, _, values, _ = replay(agent, rollout, torch.arange(4, device=device))
+        (logprobs.sum() + values.sum()).backward()
+    assert not any(m.training for m in rnns)
+    torch.testing.assert_close(logprobs.detach(), rollout.logprobs, atol=1e-5, rtol=0)
+    assert all(p.grad is not None for p in rnns[0].parameters())
 
 
 def naive_gae(r, v, term, trunc, final, next_v, gamma, lam):

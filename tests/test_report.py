@@ -38,6 +38,16 @@ def test_seeds_of_one_experiment_share_a_section_with_their_mean(tmp_path):
     assert "| tlb | x1 | 35.0 | 38.2 | 10.0 |" in page  # listops (registered): its chance level, 10%, last
 
 
+def test_an_equal_time_run_gets_its_own_section_after_the_step_count_runs(tmp_path):
+    write_run(tmp_path / "steps", results={"lstm": {"T=100": 30.0}})
+    write_run(tmp_path / "timed", results={"lstm": {"T=100": 50.0}}, config={"time_budget": 440.0})
+    page = results_page([tmp_path])
+    timed = "## copy — `quick`, equal time budget of 440 s per model"
+    assert page.count("## copy — `quick`") == 2 and timed in page
+    assert page.index("| lstm | T=100 | 30.0 |") < page.index(timed) < page.index("| lstm | T=100 | 50.0 |")
+    assert "| 40.0 |" not in page  # the two protocols are never averaged
+
+
 def test_each_section_names_the_commit_that_made_it(tmp_path):
     write_run(tmp_path / "a")
     data = json.loads((tmp_path / "a" / "results.json").read_text())

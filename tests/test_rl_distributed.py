@@ -16,7 +16,7 @@ pytest.importorskip("gymnasium")
 WORLD_SIZE = 2
 ARGS = dict(env="chronomem/CueRecall-v0", core="lstm", dim=16, hidden=16, num_envs=4, num_steps=8,
             num_minibatches=2, update_epochs=2, total_frames=4 * 8 * WORLD_SIZE * 3, lr=1e-2, seed=5,
-            progress=False)
+            progress=False, device="cpu")  # CPU ranks (gloo) on any machine, a GPU's too
 
 
 def free_port() -> int:

@@ -110,6 +110,17 @@ def test_a_finished_run_is_loaded_as_it_ended(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="other settings.*seed: saved 3, asked 4"):
         rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, ppo_settings, 48, 4, tmp_path / "run",
                         progress=False, reuse=True)
+    # A run saved before a setting existed (here: recurrence) ran at its default, and is reused as such...
+    config_file = tmp_path / "run" / "config.json"
+    config = json.loads(config_file.read_text())
+    del config["args"]["recurrence"]
+    config_file.write_text(json.dumps(config))
+    assert rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, ppo_settings, 48, 3, tmp_path / "run",
+                           progress=False, reuse=True).frames == 48
+    # ...but not when the new setting is asked away from its default.
+    with pytest.raises(ValueError, match="other settings.*recurrence: saved None, asked 4"):
+        rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, {**ppo_settings, "recurrence": 4}, 48, 3,
+                        tmp_path / "run", progress=False, reuse=True)
 
 
 @pytest.mark.parametrize("name", ["ballet-rl", "popgym", "minigrid-transfer"])

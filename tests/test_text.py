@@ -1,6 +1,7 @@
 """Byte-level language modelling: the corpus readers and their split, the text task, the LM head's
 streaming evaluation and generation with the state, the lm experiment and ``chronomem lm sample``."""
 
+import dataclasses
 import gzip
 import json
 import math
@@ -229,7 +230,8 @@ def test_generation_and_streaming_reject_what_cannot_stream(corpus_file):
 def test_the_lm_experiment_runs_at_smoke_and_its_runs_sample(tmp_path, fake_gcide, capsys):
     results = run_experiment(get_experiment("lm"), "smoke", tmp_path / "lm", seed=0, progress=False)
     saved = json.loads((tmp_path / "lm" / "results.json").read_text())
-    assert set(saved["results"]) == {"transformer-xl", "tlb"} and saved["results"] == results["results"]
+    assert set(saved["results"]) == {"transformer-xl", "tlb", "tlb-small-chunk"}
+    assert saved["results"] == results["results"]
     for model, row in saved["results"].items():
         run = saved["extra"][model]["runs"][0]
         assert 0 < row["test bpb"] == run["test bpb"] and run["generate_bytes_per_second"] > 0
@@ -240,6 +242,67 @@ def test_the_lm_experiment_runs_at_smoke_and_its_runs_sample(tmp_path, fake_gcid
     assert main(["lm", "sample", str(tmp_path / "lm" / "tlb" / "seed0"), "--prompt", "Memory", "--bytes", "5",
                  "--temperature", "0", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.startswith("Memory")
+
+
+def test_the_small_chunk_row_is_tlb_with_the_small_chunk():
+    from chronomem.experiments.lm import MODELS, ROW_MODEL, SCALES, model_options
+
+    for s in SCALES.values():
+        assert s.small_chunk_size < s.chunk_size and s.seq_len % s.small_chunk_size == 0
+        options, small = model_options("tlb", s), model_options("tlb-small-chunk", s)
+        assert small == {**options, "chunk_size": s.small_chunk_size}  # nothing else differs
+    assert SCALES["quick"].small_chunk_size == 16
+    assert ROW_MODEL["tlb-small-chunk"] == "tlb" and "tlb-small-chunk" in MODELS
+    s = SCALES["smoke"]
+    net = build_model(ROW_MODEL["tlb-small-chunk"], TextTask(corpus="file", path=__file__, seq_len=s.seq_len),
+                      **model_options("tlb-small-chunk", s))
+    assert net.backbone.chunk_size == s.small_chunk_size == 4
+    with pytest.raises(ValueError, match="no settings for row 'lstm'"):
+        model_options("lstm", s)
+
+
+def test_the_lm_experiment_trains_both_chunk_sizes(tmp_path, fake_gcide, capsys):
+    results = run_experiment(get_experiment("lm"), "smoke", tmp_path / "lm", seed=0, progress=False,
+                             models=("tlb", "tlb-small-chunk"))
+    assert set(results["results"]) == {"tlb", "tlb-small-chunk"}
+    assert results["paper"] == {"tlb": {"test bpb": 0.97}}  # the paper has no row with the small chunk
+    chunks = {row: options["chunk_size"] for row, options in results["config"]["models"].items()}
+    assert chunks == {"tlb": 8, "tlb-small-chunk": 4}
+    for row, chunk in chunks.items():  # each run directory is a TLB of its chunk, which lm sample rebuilds
+        spec = json.loads((tmp_path / "lm" / row / "seed0" / "config.json").read_text())["spec"]
+        assert (spec["model"], spec["model_options"]["chunk_size"]) == ("tlb", chunk)
+    assert results["results"]["tlb-small-chunk"]["test bpb"] != results["results"]["tlb"]["test bpb"]
+    assert main(["lm", "sample", str(tmp_path / "lm" / "tlb-small-chunk" / "seed0"), "--prompt", "Memory",
+                 "--bytes", "5", "--temperature", "0", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("Memory")
+
+
+def test_under_a_time_budget_the_clock_ends_every_lm_run(tmp_path, fake_gcide, monkeypatch):
+    from chronomem.experiments.base import BUDGET_STEP_CEILING
+    from chronomem.experiments.lm import SCALES
+
+    # smoke's lr is constant; with quick's cosine the decay must anneal over the budget
+    monkeypatch.setitem(SCALES, "smoke", dataclasses.replace(SCALES["smoke"], schedule="cosine"))
+    scale_steps = SCALES["smoke"].steps
+    # A budget no step fits in: every row stops after its first step, and the run records the budget.
+    cut = run_experiment(get_experiment("lm"), "smoke", tmp_path / "cut", seed=0, progress=False, time_budget=1e-9)
+    for row in ("transformer-xl", "tlb", "tlb-small-chunk"):
+        assert [(r["steps"], r["stopped_early"]) for r in cut["extra"][row]["runs"]] == [(1, True)]
+    saved = json.loads((tmp_path / "cut" / "results.json").read_text())["config"]
+    assert saved["time_budget"] == 1e-9
+    # A budget longer than the scale's steps take: a fast model trains past them (equal time, not equal
+    # steps) up to the ceiling, its cosine schedule annealed over the budget.
+    long = run_experiment(get_experiment("lm"), "smoke", tmp_path / "long", seed=0, progress=False, time_budget=600.0,
+                          models=("tlb",))
+    assert long["extra"]["tlb"]["runs"][0]["steps"] == scale_steps * BUDGET_STEP_CEILING > scale_steps
+    train_config = json.loads((tmp_path / "long" / "tlb" / "seed0" / "config.json").read_text())["train"]
+    assert (train_config["steps"], train_config["time_budget"], train_config["anneal_by"]) == (
+        scale_steps * BUDGET_STEP_CEILING, 600.0, "budget")
+    # Without a budget the scale's steps end the runs.
+    steps_only = run_experiment(get_experiment("lm"), "smoke", tmp_path / "steps", seed=0, progress=False,
+                                models=("tlb",))
+    assert steps_only["extra"]["tlb"]["runs"][0]["steps"] == scale_steps
+    assert steps_only["config"]["time_budget"] is None
 
 
 def test_lm_sample_rejects_a_run_that_is_not_a_language_model(tmp_path, capsys):

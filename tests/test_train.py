@@ -164,7 +164,7 @@ def test_killed_and_resumed_run_logs_each_step_once_and_time_continues(tmp_path,
 
 # The calls of one checkpoint write, in order; a kill just before (or inside) each must leave a resumable run.
 KILL_POINTS = [
-    ("save_model", 1),  # mid-way through model.safetensors
+    ("save_file", 1),  # mid-way through model.safetensors
     ("torch.save", 1),  # mid-way through trainer.pt
     ("fsync", 1),  # files written, not yet flushed
     ("os.replace", 1),  # step_N.tmp complete, not yet renamed
@@ -203,11 +203,11 @@ def test_kill_during_a_checkpoint_write_then_resume(tmp_path, monkeypatch, call,
         return wrapped
 
     monkeypatch.setattr(loop, "save_checkpoint", arm_at_step_9)
-    target = {"save_model": (checkpoint, "save_model"), "torch.save": (checkpoint.torch, "save"),
+    target = {"save_file": (checkpoint, "save_file"), "torch.save": (checkpoint.torch, "save"),
               "fsync": (checkpoint.os, "fsync"), "os.replace": (checkpoint.os, "replace"),
               "rmtree": (checkpoint.shutil, "rmtree")}[call]
     real = getattr(*target)
-    monkeypatch.setattr(*target, killer(real, partial_write=call in ("save_model", "torch.save")))
+    monkeypatch.setattr(*target, killer(real, partial_write=call in ("save_file", "torch.save")))
     with pytest.raises(Killed):
         train(make_model(), task, config(run, **kw))
     assert calls["n"] == nth
@@ -506,7 +506,7 @@ def test_trainer_adds_the_auxiliary_loss(tmp_path):
     model = Tagger(TinyRNN(16), 16, 10, vocab_size=10, reconstruction=1.0)
     before = model.decoder.weight.detach().clone()
     result = train(model, task, config(tmp_path, steps=3, log_every=1))
-    assert not torch.allclose(model.decoder.weight, before)
+    assert not torch.allclose(model.decoder.weight.cpu(), before)  # trained on a GPU where there is one
     logged = [row for row in result.history if row["split"] == "train"]
     assert len(logged) == 3 and all(row["auxiliary_loss"] > 0 for row in logged)  # logged apart
 
@@ -634,7 +634,8 @@ def test_load_run_evaluates_to_the_trainers_final_metrics(tmp_path):
     spec = {"model": "lstm", "model_options": {"dim": 16, "depth": 1}, "task": "copy",
             "task_options": {"seq_len": 5}}
     result = train_spec(spec, config(tmp_path, steps=3, checkpoint_every=2, eval_batch_size=16))
-    model, task, loaded_spec = load_run(tmp_path, device="cpu")
+    trained_on = next(result.model.parameters()).device  # a GPU where there is one: evaluated there again
+    model, task, loaded_spec = load_run(tmp_path, device=str(trained_on))
     assert loaded_spec == spec and not model.training
     torch.testing.assert_close(flat_weights(model), flat_weights(result.model), atol=0, rtol=0)
     assert evaluate(model, task, 16, 32) == result.metrics

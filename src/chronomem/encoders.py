@@ -52,12 +52,19 @@ acting feeds ``N = 1``; a learner replays ``N = T`` steps), and returns ``[B, N,
   trained positions (0.5 apart) and span the same range, which is how ViT transfers to a new
   resolution (its Sec. 3.2 interpolates the learned positions in 2-D; sinusoids interpolate by
   themselves). Indices counted in patches (0 .. 2 * grid - 1) would put half the image at
-  positions never trained on.
+  positions never trained on. ``positions="learned"`` is ViT's own scheme in place of the sinusoids:
+  a learned table of one vector per patch of the training grid (``[grid, grid, dim]``), added to the
+  patch embedding; at another resolution the table is resized to that grid by 2-D bilinear
+  interpolation (ViT Sec. 3.2, "Fine-tuning and higher resolution"). Between the trained entries it
+  holds no more than their blend, where the sinusoids hold a code the model may have learned to read:
+  the decisive test of whether our sinusoids hand ViT its resolution invariance (docs/images.md).
 
 ``encoder_for(observation_space, dim)`` picks one from a Gymnasium observation space.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -86,26 +93,73 @@ class FeatureEncoder(nn.Module):
 
 class PatchEncoder(nn.Module):
     """Patches with their centres ``[B, N, channels * patch_size**2 + 2]`` -> ``[B, N, dim]`` (module
-    docstring): ``Linear(pixels) + [sin2d(row) ; sin2d(col)]``, where the last two features are the
-    centre's row and column as fractions of the image's height and width (in ``(0, 1)``) and the
-    positions are ``fraction * grid - 0.5`` patches of the training grid."""
+    docstring): ``Linear(pixels) + position code``, where the last two features are the centre's row
+    and column as fractions of the image's height and width (in ``(0, 1)``).
 
-    def __init__(self, channels: int, patch_size: int, dim: int, grid: int):
+    ``positions``: ``"sinusoid"`` (the default) adds ``[sin2d(row) ; sin2d(col)]`` of the positions
+    ``fraction * grid - 0.5``, in patches of the training grid; ``"learned"`` adds ViT's learned
+    table of one vector per patch of the training grid, ``grid`` x ``grid``, resized bilinearly to
+    the grid of an image of another resolution (``learned_positions``)."""
+
+    POSITIONS = ("sinusoid", "learned")
+
+    def __init__(self, channels: int, patch_size: int, dim: int, grid: int, positions: str = "sinusoid"):
         super().__init__()
         self.channels, self.patch_size = check_positive(channels, "channels"), check_positive(patch_size, "patch_size")
         self.dim, self.grid = check_positive(dim, "dim"), check_positive(grid, "grid")
-        if dim % 4:
+        if positions not in self.POSITIONS:
+            raise ValueError(f"positions must be one of {self.POSITIONS}, got {positions!r}")
+        self.position_scheme = positions
+        if positions == "sinusoid" and dim % 4:
             raise ValueError(f"dim of a PatchEncoder must be a multiple of 4 (sin and cos of row and column), "
                              f"got {dim}")
         self.pixels = channels * patch_size * patch_size
         self.input_dim = self.pixels + 2
         self.linear = nn.Linear(self.pixels, dim)
+        if positions == "learned":
+            # ViT's position embeddings (Dosovitskiy et al. 2020, Sec. 3.1), one per patch of the training
+            # grid, kept as the 2-D grid they are resized on; initialised N(0, 0.02) as in the authors' code
+            # (vit_jax AddPositionEmbs, "from BERT"; timm draws a truncated normal of the same std).
+            self.table = nn.Parameter(torch.empty(grid, grid, dim))
+            nn.init.normal_(self.table, std=0.02)
 
-    def positions(self, centres: Tensor) -> Tensor:
+    def sinusoid_positions(self, centres: Tensor) -> Tensor:
         """The 2-D sinusoid code ``[..., dim]`` of patch centres ``[..., 2]`` (row, column fractions)."""
         pos = centres * self.grid - 0.5  # in patches of the training grid: 0, 1, ..., grid - 1 there
         return torch.cat([sinusoid_from_positions(pos[..., 0], self.dim // 2),
                           sinusoid_from_positions(pos[..., 1], self.dim // 2)], -1)
+
+    def table_at(self, side: int) -> Tensor:
+        """The learned table ``[side, side, dim]`` for an image of ``side`` x ``side`` patches: as trained
+        at the training grid, else resized by 2-D bilinear interpolation (ViT Sec. 3.2: "we perform 2D
+        interpolation of the pre-trained position embeddings, according to their location in the
+        original image"). ``align_corners=False`` takes each entry as the value at its patch's centre,
+        so an entry of the new grid is read at ``fraction * grid - 0.5`` trained patches, the very place
+        the sinusoid scheme gives it, and the two schemes differ only in the code found there. timm
+        resizes with the same convention (bicubic); the authors' JAX code (scipy.ndimage.zoom, order 1)
+        aligns the corner entries instead (the outer entries move out to the new outer patches)."""
+        if side == self.grid:
+            return self.table
+        grid = self.table.permute(2, 0, 1).unsqueeze(0)  # [1, dim, grid, grid]: channels first for interpolate
+        resized = F.interpolate(grid, size=(side, side), mode="bilinear", align_corners=False)
+        return resized[0].permute(1, 2, 0)
+
+    def learned_positions(self, centres: Tensor) -> Tensor:
+        """The learned code ``[..., N, dim]`` of the centres ``[..., N, 2]`` of an image's ``N = side**2``
+        patches: the entry of the table resized to ``side`` x ``side`` at each patch's row and column."""
+        n = centres.shape[-2] if centres.dim() >= 2 else 0
+        side = math.isqrt(n)
+        if side * side != n or n == 0:
+            raise ValueError(f"positions='learned' needs the patches of a square grid (side * side of them), got "
+                             f"{n} patches")
+        cell = (centres * side).long().clamp(0, side - 1)  # [..., N, 2] the patch's row and column in its grid
+        return self.table_at(side)[cell[..., 0], cell[..., 1]]
+
+    def positions(self, centres: Tensor) -> Tensor:
+        """The position code ``[..., N, dim]`` of patch centres ``[..., N, 2]`` in this encoder's scheme."""
+        if self.position_scheme == "learned":
+            return self.learned_positions(centres)
+        return self.sinusoid_positions(centres)
 
     def forward(self, obs: Tensor) -> Tensor:
         obs = check_tensor(obs, "obs", 3, self.input_dim, f"[B, N, channels * patch_size**2 + 2 = {self.input_dim}]",

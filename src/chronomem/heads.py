@@ -12,7 +12,9 @@ The backbone convention (every model in chronomem follows it):
 Heads turn tokens (``nn.Embedding``) or features (``nn.Linear``, or an ``encoder`` from
 ``chronomem.encoders``) into ``x`` and ``y`` into logits. A task whose inputs are image patches says so
 with ``task.patches = {"channels", "patch_size", "grid"}``; ``build_model`` then embeds them with a
-``PatchEncoder`` (its 2-D positions follow the image across resolutions).
+``PatchEncoder`` (its 2-D positions follow the image across resolutions), whose position scheme
+``build_model(..., patch_positions=...)`` chooses for every model alike: ``"sinusoid"`` (fixed, the
+default) or ``"learned"`` (ViT's table, resized bilinearly at another resolution).
 
 ``reconstruction=w`` (any head) adds paper 001's self-supervised auxiliary loss (Sec. 2 "Agents",
 App. A.1, App. D.4): at every step a linear decoder reconstructs that step's input from the
@@ -340,6 +342,7 @@ def build_model(
     fixed_readout: bool = False,
     mlp_dim: int | None = None,
     reconstruction: float = 0.0,
+    patch_positions: str = "sinusoid",
     **options,
 ) -> nn.Module:
     """Backbone ``model`` (a registry name) with the head that ``task`` needs.
@@ -347,16 +350,23 @@ def build_model(
     ``readout="choices"`` (classification only) scores the candidate answers at the task's
     ``choice_steps`` (see ``Classifier``; ``fixed_readout`` keeps its projection untrained);
     ``readout="relu_mlp"`` is LRA's classifier head, ``mlp_dim`` the hidden width of the MLP readouts.
-    ``reconstruction`` weighs the auxiliary input reconstruction loss (module docstring; 0 = off)."""
+    ``reconstruction`` weighs the auxiliary input reconstruction loss (module docstring; 0 = off).
+    ``patch_positions``: the position scheme of the ``PatchEncoder`` of an image task (its ``positions``:
+    ``"sinusoid"`` or ``"learned"``); a task without patches takes only the default."""
     from chronomem.registry import get_model
 
+    if patch_positions not in PatchEncoder.POSITIONS:
+        raise ValueError(f"patch_positions must be one of {PatchEncoder.POSITIONS}, got {patch_positions!r}")
     builder = get_model(model)
     backbone = builder(dim=dim, depth=depth, num_heads=num_heads, causal=task.causal, **options)
     inputs = {"vocab_size": task.vocab_size} if task.vocab_size is not None else {"input_dim": task.input_dim}
     inputs["reconstruction"] = reconstruction
     patches = getattr(task, "patches", None)
     if patches is not None:  # image patches: ViT's patch embedding with 2-D positions (chronomem.encoders)
-        inputs["encoder"] = PatchEncoder(dim=dim, **patches)
+        inputs["encoder"] = PatchEncoder(dim=dim, positions=patch_positions, **patches)
+    elif patch_positions != "sinusoid":
+        raise ValueError(f"patch_positions={patch_positions!r} chooses the position code of image patches; "
+                         f"the task {getattr(task, 'name', type(task).__name__)!r} has no patches")
     if task.kind == "classify":
         choice_steps = getattr(task, "choice_steps", None) if readout == "choices" else None
         return Classifier(backbone, dim, task.num_classes, pooling=pooling, readout=readout,

@@ -145,8 +145,8 @@ def report_markdown(experiment, results: dict) -> str:
     interval of each mean over seeds, the chance level), the seeds, the paper's claims judged, the notes,
     the extra measurements and the config. ``experiment`` is a ``chronomem.experiments.Experiment``."""
     budget = results["config"].get("time_budget")
-    protocol = (f"Each model trained for an equal wall-clock budget of {budget:g} s per model (or its "
-                "step count, whichever came first), so a slower model took fewer steps."
+    protocol = (f"Each model trained for an equal wall-clock budget of {budget:g} s per model (its step "
+                "count only a far ceiling), so a slower model took fewer steps."
                 if budget is not None else "Each model trained for its scale's step count (no time budget).")
     metrics = results.get("extra", {}).get("metrics")  # the tour's metric of each experiment
     several = any(len(values) > 1 for row in (results.get("per_seed") or {}).values() for values in row.values())
@@ -641,8 +641,13 @@ def spread_table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _budget_heading(results: dict) -> str:
+    budget = results.get("config", {}).get("time_budget")
+    return "" if budget is None else f", equal time budget of {budget:g} s per model"
+
+
 def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
-    """The Markdown section of one (experiment, scale): one column per run, the mean, the per-seed values
+    """The Markdown section of one (experiment, scale, time budget): one column per run, the mean, the per-seed values
     and 95% interval, the paper, the chance level; under it the claims judged (``spread_table``,
     ``claims_markdown``)."""
     runs_and_sources = sorted(runs_and_sources, key=lambda pair: (pair[0].get("seed", 0), pair[1]))
@@ -651,7 +656,7 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
     first = runs[0]
     several = len(runs) > 1
     lines = [
-        f"## {first['experiment']} — `{first['scale']}`",
+        f"## {first['experiment']} — `{first['scale']}`" + _budget_heading(first),
         "",
         f"Source: {', '.join(f'`{s}`' for s in sources)}; "
         f"{'wall time' if not several else 'wall times'} "
@@ -671,10 +676,14 @@ def results_page(paths: Iterable[str | Path], title: str = "Measured results") -
     files = find_results(paths)
     if not files:
         raise ValueError("no results.json found under the given paths")
-    groups: dict[tuple[str, str], list[tuple[dict, str]]] = {}
+    # One section per experiment, scale and protocol: an equal-time run (config.time_budget) is never
+    # pooled with the step-count runs of the same experiment and scale.
+    groups: dict[tuple[str, str, float], list[tuple[dict, str]]] = {}
     for path in files:
         data = load_results(path)
-        groups.setdefault((data["experiment"], data["scale"]), []).append((data, path.parent.as_posix()))
+        budget = data.get("config", {}).get("time_budget")
+        key = (data["experiment"], data["scale"], -1.0 if budget is None else float(budget))  # step counts first
+        groups.setdefault(key, []).append((data, path.parent.as_posix()))
     parts = [
         f"# {title}",
         "",

@@ -24,15 +24,17 @@ them with the chance level, and the report judges each from the numbers.
 ``jobs`` (``chronomem.experiments.jobs.Jobs``; ``chronomem run --jobs K``): the experiment's independent
 runs (models x seeds, and environments for the RL experiments) go to ``Jobs.map``, which runs them in
 this process or in K processes of one torch thread each, with the same numbers. Every experiment
-here takes it (``TrainRun`` and ``train_run`` are the supervised experiments' job); one whose ``run``
-does not is refused ``jobs`` above 1.
+here takes it (``TrainRun`` and ``train_run`` are the supervised experiments' job, and ``train_seeds``
+trains their models x seeds in one map and averages the seeds); one whose ``run`` does not is refused
+``jobs`` above 1.
 
 A scale (``smoke``, ``tour``, ``quick``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
 that fixes step counts, never a wall-clock time: the same seed gives the same table on an idle
 machine and on a busy one. ``run_experiment(..., time_budget=seconds)`` is the explicit equal-time
-comparison: each model trains until that many seconds or its step count, whichever ends first, and
-the report says so. An experiment whose ``scales`` include ``"tour"`` contributes that scale's
-models to ``chronomem run tour`` (about a minute per model on a 2-core CPU).
+comparison: each model trains until that many seconds (its step count becomes a far ceiling,
+``BUDGET_STEP_CEILING`` times the scale's, so a faster model takes more steps), and the report says
+so. An experiment whose ``scales`` include ``"tour"`` contributes that scale's models to ``chronomem
+run tour`` (about a minute per model on a 2-core CPU).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import inspect
 import json
 import math
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +63,9 @@ from chronomem.report import (
 )
 
 SCALES = ("smoke", "tour", "quick", "paper")
+# Under a time budget a run may take this many times its scale's steps: far beyond what a model reaches in
+# the budgets the scales were sized for, so the clock, not the step count, ends every run.
+BUDGET_STEP_CEILING = 10
 Table = dict[str, dict[str, Any]]
 
 
@@ -81,13 +87,17 @@ class Scale:
 
     def train_config(self, seed: int, time_budget: float | None = None, progress: bool = False, **options):
         """The trainer's settings of one run at this scale; ``options`` override them (a model's own
-        optimiser). With ``time_budget`` (seconds) the run also stops at that time, and a decaying
-        schedule anneals over whichever of the steps and the budget ends first, so a run the clock
-        cuts short still ends at lr 0 (Li et al. 2020, "Budgeted training"). ``progress``: the run shows
-        its progress (``run_experiment(progress=...)`` passes it down)."""
+        optimiser). With ``time_budget`` (seconds) the clock ends the run (the steps become a ceiling of
+        ``BUDGET_STEP_CEILING`` times the scale's), and a decaying schedule anneals over the budget (or
+        the ceiling, were it reached first), so a run the clock cuts short still ends at lr 0 (Li et al.
+        2020, "Budgeted training"). ``progress``: the run shows its progress (``run_experiment(progress=...)``
+        passes it down)."""
         from chronomem.train import TrainConfig
 
-        settings = dict(steps=self.steps, batch_size=self.batch_size, lr=self.lr, optimizer=self.optimizer,
+        # Under a budget the clock ends the run: the step count becomes a far ceiling, so that a model that
+        # trains faster per step takes more steps (--time-budget: "instead of the scale's fixed step counts").
+        steps = self.steps if time_budget is None else self.steps * BUDGET_STEP_CEILING
+        settings = dict(steps=steps, batch_size=self.batch_size, lr=self.lr, optimizer=self.optimizer,
                         schedule=self.schedule, warmup=self.warmup, clip=self.clip,
                         eval_examples=self.eval_examples, seed=seed, progress=progress)
         settings.update(options)
@@ -158,7 +168,7 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     seed), evaluation and data generator: each shows its progress on stderr and ends with a summary line
     (``chronomem.progress``), or all stay silent.
     ``time_budget``: seconds of training per model (an equal wall-clock comparison); each model stops at
-    the budget or at its scale's step count, whichever comes first. None (the default): step counts
+    the budget (or at ``BUDGET_STEP_CEILING`` times its scale's steps, far beyond it). None (the default): step counts
     only, so the same seed gives the same metrics on any machine. ``data_dir``: where an experiment
     that reads data files (``lm``: enwik8) finds them; an experiment whose ``run`` takes no
     ``data_dir`` rejects it. ``resume``: continue an interrupted run of the same experiment, scale and
@@ -269,6 +279,36 @@ class TrainRun:
 def train_run(run: TrainRun) -> dict:
     """``train_and_evaluate`` of ``run`` (the job function of ``Jobs.map``)."""
     return train_and_evaluate(run.model, run.task, run.model_options, run.train_config, run.eval_tasks, run.out)
+
+
+# What extra["runs"] keeps of each run besides its accuracy.
+RUN_RECORD = ("seconds", "steps", "stopped_early", "parameters")
+
+
+def train_seeds(runs: list[TrainRun], seeds: int, out: Path, jobs: Jobs, cells: Callable[[dict], dict],
+                accuracy_name: str = "accuracy") -> dict:
+    """Train each of ``runs`` (one per model, its ``train_config.seed`` the first seed) with the seeds
+    seed, seed + 1, ..., seed + seeds - 1, each in its own directory ``out/MODEL/seedN``. The models x
+    seeds go to ``jobs.map`` as one list, so ``--jobs K`` trains K of them at once.
+
+    ``cells(row)`` is one run's cells of the table (``{setting: value}``) from ``train_and_evaluate``'s
+    row, e.g. ``{"T=100": row["accuracy"]}``. Returns ``{"results": {model: {setting: mean over the
+    seeds}}, "per_seed": {model: {setting: [value per seed, in seed order]}}, "runs": {"MODEL/seedN":
+    {accuracy_name: the run's accuracy on the task it trained on, "seconds", "steps", "stopped_early",
+    "parameters"}}}``: what ``Experiment.run`` returns as results and per_seed, and the runs for its extra."""
+    seeded = [dataclasses.replace(run, train_config=dataclasses.replace(run.train_config, seed=seed),
+                                  out=str(Path(out) / run.model / f"seed{seed}"))
+              for run in runs for seed in range(run.train_config.seed, run.train_config.seed + seeds)]
+    per_seed: dict[str, dict[str, list]] = {}
+    records = {}
+    for run, row in zip(seeded, jobs.map(train_run, seeded), strict=True):
+        for setting, value in cells(row).items():
+            per_seed.setdefault(run.model, {}).setdefault(setting, []).append(value)
+        records[f"{run.model}/seed{run.train_config.seed}"] = {accuracy_name: row["accuracy"],
+                                                             **{key: row[key] for key in RUN_RECORD}}
+    results = {model: {setting: statistics.fmean(values) for setting, values in row.items()}
+               for model, row in per_seed.items()}
+    return {"results": results, "per_seed": per_seed, "runs": records}
 
 
 def train_and_evaluate(model: str, task, model_options: dict, train_config, eval_tasks: dict | None = None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, Scale, TrainRun, select_models, train_run
+from chronomem.experiments.base import Experiment, Scale, TrainRun, select_models, train_seeds
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import get_task, register_experiment
 from chronomem.report import Claim
@@ -71,6 +71,7 @@ class BalletScale(Scale):
     questions: str = "every_dancer"
     warmup: int = 100
     clip: float | None = 1.0  # our choice (the paper's Adam does not clip); without it HTM did no better
+    seeds: int = 1  # seeds seed, seed + 1, ...; the table reports their mean
 
 
 BALLET_SCALES = {
@@ -79,9 +80,13 @@ BALLET_SCALES = {
     # The tour shows HTM learning in about a minute: 2 dancers (8 stay near chance that briefly).
     "tour": BalletScale(models={"htm": BALLET_CPU["htm"]}, levels=("2_delay16",), train_levels=("2_delay16",),
                         questions="target", steps=1_000, batch_size=32, lr=1e-3, eval_examples=512),
-    # 7,500 steps: what HTM reached in the 20 minutes per model this scale was sized for (2 cores). The
-    # lr starts at 3e-3 (the paper's 2e-4 is for its 512-wide model) and decays to 0 along a cosine.
-    "quick": BalletScale(steps=7_500, batch_size=32, lr=3e-3, schedule="cosine", eval_examples=1_000),
+    # 3 seeds of 3,000 steps: the 9 runs take about 40 minutes with --jobs 2. On two threads HTM ran
+    # ~6.2 steps/s (7,400 steps in 20 minutes, docs/htm.md), Transformer-XL 9.8 and the LSTM 15.1; a
+    # process of one thread is 1.7x slower for HTM (0.34 s a step against 0.20 s) and up to 1.6x for the
+    # others: 820, 490 and 320 s a run, 3 x (820 + 490 + 320) = 4,890 s in all, which the two processes
+    # share about evenly (taken in order, one runs 2 HTMs, an XL and an LSTM: 2,450 s, 41 minutes).
+    # The lr starts at 3e-3 (the paper's 2e-4 is for its 512-wide model) and decays to 0 along a cosine.
+    "quick": BalletScale(steps=3_000, batch_size=32, lr=3e-3, schedule="cosine", eval_examples=1_000, seeds=3),
     "paper": BalletScale(models=BALLET_PAPER, steps=200_000, batch_size=32, lr=2e-4, eval_examples=10_000),
 }
 
@@ -96,13 +101,11 @@ def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = N
     # the model has streamed the episode.
     runs = [TrainRun(model, task, dict(s.models[model], pooling="last"), s.train_config(seed, time_budget, progress),
                      eval_tasks=levels) for model in models]
-    results, extra = {}, {}
-    for model, row in zip(models, jobs.map(train_run, runs), strict=True):
-        results[model] = row["eval"]
-        extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
-        extra[model]["accuracy_on_training_mixture"] = row["accuracy"]
+    over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: row["eval"],
+                             accuracy_name="accuracy_on_training_mixture")
     config = {"scale": {**asdict(s), "models": list(models)}, "models": {m: s.models[m] for m in models}}
-    return {"results": results, "config": config, "extra": extra}
+    return {"results": over_seeds["results"], "per_seed": over_seeds["per_seed"], "config": config,
+            "extra": {"runs": over_seeds["runs"]}}
 
 
 BALLET = register_experiment(
@@ -115,7 +118,7 @@ BALLET = register_experiment(
             "transformer-xl": {"2_delay16": 96.9, "8_delay16": 65.7, "8_delay48": 49.2},
             "lstm": {"2_delay16": 97.4, "8_delay16": 25.2, "8_delay48": 29.7},
         },
-        metric="test accuracy (%) on the target dancer",
+        metric="test accuracy (%) on the target dancer, mean over seeds",
         chance={level: 100 / int(level.split("_")[0]) for level in ALL_LEVELS},  # one of the n dancers
         # Table 3: HTM above both at every level (99.8 / 98.1 / 97.2 against at most 97.4 / 65.7 / 49.2).
         claims=tuple(Claim(f"HTM remembers the dance better than {name}", "htm", model)
@@ -126,8 +129,8 @@ BALLET = register_experiment(
         "supervised variant (the observation stream up to the cue, then classify the target cell), so "
         "they compare the memories, not the agents. Chance is 1/n (50% for 2 dancers, 12.5% for 8). "
         "As in the paper (App. B.1) one model per memory is trained on all six levels, uniformly sampled "
-        "(one level per batch), and evaluated per level. The quick scale trains each model 7,500 steps "
-        "(HTM: about 20 minutes on 2 cores).",
+        "(one level per batch), and evaluated per level. The quick scale trains each model 3,000 steps "
+        "with each of 3 seeds (about 40 minutes for the 9 runs with --jobs 2 on 2 cores).",
         scales=("smoke", "tour", "quick", "paper"),
     )
 )
@@ -148,15 +151,21 @@ class PAIScale(Scale):
     top_k: int
     warmup: int = 200
     clip: float | None = None  # Table 1's Adam does not clip; clipping at 1 stalled HTM on the direct query
+    seeds: int = 1  # seeds seed, seed + 1, ...; the table reports their mean
 
 
 PAI_SCALES = {
+    # Two seeds, so that the tests run several cheaply.
     "smoke": PAIScale(n_triplets=2, item_dim=8, dim=16, depth=2, num_heads=2, top_k=2, steps=2, batch_size=4,
-                      lr=1e-3, warmup=0, eval_examples=8),
-    # 45,000 steps: what HTM reached in the 15 minutes this scale was sized for (one thread). The lr
-    # decays to 0 along a cosine from 1e-3 (3e-3, Ballet's, and 5e-4 did worse; docs/htm.md).
-    "quick": PAIScale(n_triplets=4, item_dim=16, dim=64, depth=4, num_heads=4, top_k=9, steps=45_000,
-                      batch_size=32, lr=1e-3, schedule="cosine", eval_examples=1_000),
+                      lr=1e-3, warmup=0, eval_examples=8, seeds=2),
+    # 3 seeds of 30,000 steps: the 6 runs take about 35 minutes with --jobs 2. On one thread each, two
+    # runs side by side (as --jobs 2 runs them), HTM ran 50 steps/s (45,000 in 15 minutes) and the
+    # Transformer 40 (35,996 in 15 minutes; docs/htm.md): 600 and 750 s a run. The two processes take
+    # the runs in order (HTMs, then Transformers); the busier one runs an HTM and 2 Transformers:
+    # 600 + 2 x 750 = 2,100 s. The lr decays to 0 along a cosine from 1e-3 (3e-3, Ballet's, and 5e-4 did
+    # worse over 45,000 steps; docs/htm.md).
+    "quick": PAIScale(n_triplets=4, item_dim=16, dim=64, depth=4, num_heads=4, top_k=9, steps=30_000,
+                      batch_size=32, lr=1e-3, schedule="cosine", eval_examples=1_000, seeds=3),
     # Table 1: lr 1e-4 (swept {1, 2, 4} x 1e-4), 4 layers, chunk 2, top-k 32.
     "paper": PAIScale(n_triplets=16, item_dim=64, dim=512, depth=4, num_heads=8, top_k=32, steps=500_000,
                       batch_size=32, lr=1e-4, eval_examples=10_000),
@@ -193,15 +202,13 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     configs = {m: configs[m] for m in select_models(configs, models, "pai")}
     runs = [TrainRun(model, task, options, s.train_config(seed, time_budget, progress), eval_tasks=evals)
             for model, options in configs.items()]
-    results, extra = {}, {}
-    for model, row in zip(configs, jobs.map(train_run, runs), strict=True):
-        results[model] = row["eval"]
-        extra[model] = {k: row[k] for k in ("seconds", "steps", "stopped_early", "parameters")}
-        extra[model]["accuracy_on_training_mixture"] = row["accuracy"]
+    over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: row["eval"],
+                             accuracy_name="accuracy_on_training_mixture")
     return {
-        "results": results,
+        "results": over_seeds["results"],
+        "per_seed": over_seeds["per_seed"],
         "config": {"scale": asdict(s), "task": task.describe(), "evaluated_on": list(evals), "models": configs},
-        "extra": extra,
+        "extra": {"runs": over_seeds["runs"]},
     }
 
 
@@ -212,7 +219,7 @@ PAI = register_experiment(
         "(paper 001 Fig. 6b).",
         run=_pai,
         paper={"htm": {"length 3": 97.5}},
-        metric="test accuracy (%) on the indirect (A -> C) query",
+        metric="test accuracy (%) on the indirect (A -> C) query, mean over seeds",
         paper_source="paper 001 Fig. 6b (HTM 97.5%; MEMO's task, Banino et al. 2020)",
         chance=50.0,  # one of the two choices
         # Fig. 6b: HTM 97.5% on length 3, above the models it is compared with; here a Transformer over
@@ -224,6 +231,7 @@ PAI = register_experiment(
         "Both read the answer out as in App. B.4: dot products of a projection of the probe's output "
         "with the embedded choices. As in MEMO's released data, models train on a uniform mix of AB, BC "
         "(direct) and AC (indirect) trials; 'length 3' is the accuracy on AC trials, the paper's metric. "
-        "Chance is 50%. The quick scale uses fewer triplets per episode than the paper scale.",
+        "Chance is 50%. The quick scale uses fewer triplets per episode than the paper scale and trains each "
+        "model 30,000 steps with each of 3 seeds (about 35 minutes for the 6 runs with --jobs 2 on 2 cores).",
     )
 )

@@ -54,7 +54,7 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from chronomem.experiments.base import Experiment, Scale, TrainRun, select_models, train_run
+from chronomem.experiments.base import Experiment, Scale, TrainRun, select_models, train_seeds
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import names, register_experiment
 from chronomem.report import Claim
@@ -207,27 +207,14 @@ def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None 
     task = make_task(scale, seed, progress)
     task.split("train")  # generated here, once (with the test and val splits): every run gets this data
     trained = [m for m in models if _available(m)]
-    runs = [TrainRun(model, task, model_options(model, s), train_config(scale, seed + k, model, time_budget, progress),
-                     out=str(Path(out) / model / f"seed{seed + k}"))
-            for model in trained for k in range(s.seeds)]
-    rows = iter(jobs.map(train_run, runs))
-    results, per_seed, extra = {}, {}, {"per_seed": {}, "runs": {}}
-    for model in models:
-        if model not in trained:
-            results[model] = {"accuracy": "not available"}
-            continue
-        accuracies = []
-        for k in range(s.seeds):
-            row = next(rows)
-            accuracies.append(row["accuracy"])
-            extra["runs"][f"{model}/seed{seed + k}"] = {
-                key: row[key] for key in ("accuracy", "seconds", "steps", "stopped_early", "parameters")
-            }
-        results[model] = {"accuracy": statistics.fmean(accuracies)}
-        per_seed[model] = {"accuracy": accuracies}
-        extra["per_seed"][model] = accuracies
-        if len(accuracies) > 1:
-            extra.setdefault("std", {})[model] = statistics.stdev(accuracies)
+    runs = [TrainRun(model, task, model_options(model, s), train_config(scale, seed, model, time_budget, progress))
+            for model in trained]
+    over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: {"accuracy": row["accuracy"]})
+    results = {m: over_seeds["results"].get(m, {"accuracy": "not available"}) for m in models}
+    per_seed = over_seeds["per_seed"]
+    extra = {"per_seed": {m: row["accuracy"] for m, row in per_seed.items()}, "runs": over_seeds["runs"]}
+    if s.seeds > 1:
+        extra["std"] = {m: statistics.stdev(row["accuracy"]) for m, row in per_seed.items()}
     extra["data"] = describe_data(task)
     config = {"scale": asdict(s), "task": task.describe(), "models": {m: model_options(m, s) for m in models},
               "optimizer": {m: describe_optimizer(train_config(scale, seed, m)) for m in models},

@@ -110,14 +110,17 @@ def finished_run(args, options: dict):
     from chronomem.rl.ppo import PPOResult
     from chronomem.train.checkpoint import checkpoint_name
     from chronomem.train.metrics import read_metrics
-    from chronomem.train.resume import differences, find_run
+    from chronomem.train.resume import differences, find_run, set_rng_state
 
     run_dir = Path(args.out)
     if not (run_dir / "config.json").exists():
         return None
     saved = find_run(run_dir, kind="ppo").config
     asked = {key: value for key, value in dataclasses.asdict(args).items() if key not in ("out", "progress")}
-    differ = differences(asked, saved["args"])  # where the run lives and how it reports do not change it
+    # a setting added to Args since the run was saved ran at its default (e.g. recurrence: whole rollouts)
+    defaults = {key: value for key, value in dataclasses.asdict(type(args)()).items() if key in asked}
+    saved_args = {**{k: v for k, v in defaults.items() if k not in saved["args"]}, **saved["args"]}
+    differ = differences(asked, saved_args)  # where the run lives and how it reports do not change it
     if differ or differences({"core_options": options}, saved):
         shown = ", ".join(f"{key}: saved {old!r}, asked {new!r}" for key, (new, old) in differ.items())
         raise ValueError(f"--resume: {run_dir} holds a run with other settings ({shown or 'core options'}); "
@@ -128,7 +131,7 @@ def finished_run(args, options: dict):
         return None
     agent, _, _ = load_agent(checkpoint, device=args.device)
     trainer = torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
-    torch.set_rng_state(trainer["rng"]["torch"])
+    set_rng_state(trainer["rng"])  # the CPU generator and, where the run used one, the GPU's
     return PPOResult(agent, frames, float(trainer["seconds"]), read_metrics(run_dir / "metrics.csv"))
 
 

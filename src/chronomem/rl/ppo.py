@@ -11,7 +11,8 @@ One update:
 1. **Rollout.** ``B = num_envs`` environments, ``T = num_steps`` steps each. At every step the agent
    reads the observations ``[B, 1, ...]`` under ``torch.inference_mode`` with the state carried from
    the previous step, samples actions, and the envs step. Rows whose episode ended get
-   ``state.reset(done)``. The state at the rollout's start is kept for the replay.
+   ``state.reset(done)``. The state at the rollout's start is kept for the replay (with
+   ``recurrence = k``: the state at the start of every window of ``k`` steps).
 2. **Autoreset and truncation.** The envs autoreset on the same step (``chronomem.envs.make``):
    the step that ends an episode returns the next episode's first observation and the final one in
    ``info["final_obs"]``. A time-limit truncation is not a terminal state: its return is bootstrapped
@@ -23,7 +24,11 @@ One update:
    minibatches of whole env sequences (``T`` steps), replayed in one call of the agent from the
    rollout's start state (``state.select(rows)``) with ``done [b, T]`` inside the call, so the
    recomputed log-probabilities and values of the first minibatch equal those of the rollout (tested
-   to 1e-5 for every core). Loss: the clipped surrogate (PPO eq. 7), the clipped value loss
+   to 1e-5 for every core). ``recurrence = k`` (torch-ac's option, used by paper 004's MiniGrid runs
+   with k = 16) truncates back-propagation through time: the ``T / k`` windows of a minibatch's
+   sequences are replayed side by side in one call ``[b * T / k, k]``, each from the state stored while
+   acting at its first step, so no gradient crosses a window's start. The default replays whole
+   rollouts (``k = T``). Loss: the clipped surrogate (PPO eq. 7), the clipped value loss
    (CleanRL's), minus the entropy bonus, plus the agent's weighted reconstruction loss when it has one
    (paper 001 App. A.1, ``ActorCritic(reconstruction=w)``); advantages optionally normalised per minibatch
    (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run.
@@ -42,6 +47,7 @@ bootstrapped (CleanRL treats it as terminal, as do torch-ac and rl-starter-files
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -53,17 +59,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from chronomem.agents import ActorCritic
 from chronomem.config import setting
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
+from chronomem.layers import concat_states
 from chronomem.threads import threads_set_to
 from chronomem.train.checkpoint import save_checkpoint
 from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
 from chronomem.train.metrics import MetricsLogger
-from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer
+from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer, rng_state
 
 
 @dataclass
@@ -78,6 +85,9 @@ class Args:
                                 "--resume the new total", resumable=True)
     num_envs: int = setting(16, "environments stepped together (B), per rank under torchrun")
     num_steps: int = setting(128, "steps per environment per rollout (T)")
+    recurrence: int | None = setting(None, "truncated back-propagation: replay windows of this many steps, each "
+                                     "from the state stored while acting (torch-ac's recurrence; it must divide "
+                                     "--num-steps); default: whole rollouts")
     async_envs: bool = setting(False, "step the environments in subprocesses (AsyncVectorEnv)", resumable=True)
     vectorization: str | None = setting(None, "how the envs are batched: 'native' (one env class steps all B with "
                                         "array operations: Ballet, CueRecall), 'sync' or 'async' (Gymnasium's "
@@ -122,6 +132,10 @@ class Args:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.recurrence is not None and (isinstance(self.recurrence, bool) or not isinstance(self.recurrence, int)
+                                            or self.recurrence < 1 or self.num_steps % self.recurrence):
+            raise ValueError(f"--recurrence must be a positive integer that divides --num-steps {self.num_steps}, "
+                             f"got {self.recurrence!r}")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if self.num_envs % self.num_minibatches:
@@ -241,8 +255,9 @@ class Rollout:
     truncated: Tensor  # [B, T] bool: step t ended its episode by a time limit
     final_values: Tensor  # [B, T] V(final observation) where truncated, else 0
     next_value: Tensor  # [B] V(the observation after the rollout), the state carried
-    state: Any  # the agent's state at the rollout's start
+    state: Any  # the agent's state at the start of each window of ``window`` steps, window-major [T / window * B]
     env_seconds: float = 0.0  # of the rollout's time, the seconds spent in envs.step
+    window: int | None = None  # steps per replayed window (``recurrence``); None: the whole rollout, one window
 
     @property
     def done(self) -> Tensor:
@@ -275,9 +290,11 @@ def sample(logits: Tensor) -> tuple[Tensor, Tensor]:
     return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
 
 
-def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: EpisodeTracker | None = None):
+def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: EpisodeTracker | None = None,
+            window: int | None = None):
     """One rollout of ``num_steps`` steps from ``next_obs`` (the envs' current observations) and the
-    agent's ``state``; returns ``(rollout, next_obs, state)`` to continue from. No per-environment
+    agent's ``state``; returns ``(rollout, next_obs, state)`` to continue from. ``window``: keep the
+    state at the start of every window of that many steps (default: the rollout's start only). No per-environment
     Python on the hot path: the observations become tensors once per step, actions go to the envs as
     one array, and only the rows whose episode was truncated are read one by one."""
     mode = envs.metadata.get("autoreset_mode")
@@ -291,9 +308,11 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
     terminated, truncated = (torch.zeros(B, T, dtype=torch.bool, device=device) for _ in range(2))
     first = as_tensor(next_obs, device)
     obs = obs_map(lambda x: x.new_zeros((B, T, *x.shape[1:])), first)
-    start_state = state
+    window_states = []  # the state each window of the replay starts from, as the agent had it
     env_seconds = 0.0
     for t in range(T):
+        if t % (window or T) == 0:
+            window_states.append(state)
         obs_t = first if t == 0 else as_tensor(next_obs, device)
         for key, buffer in (obs.items() if isinstance(obs, dict) else [(None, obs)]):
             buffer[:, t] = obs_t if key is None else obs_t[key]
@@ -323,7 +342,7 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
     with torch.inference_mode():
         _, next_value, _ = agent(obs_map(lambda x: x.unsqueeze(1), as_tensor(next_obs, device)), state)
     rollout = Rollout(obs, actions, terminated=terminated, truncated=truncated, next_value=next_value[:, 0].clone(),
-                      state=start_state, env_seconds=env_seconds, **buffers)
+                      state=concat_states(window_states), window=window, env_seconds=env_seconds, **buffers)
     return rollout, next_obs, state
 
 
@@ -363,15 +382,44 @@ def gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[Tensor, Tens
 
 def replay(agent: ActorCritic, rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(log-probabilities, entropies, values)`` ``[b, T]`` of the rollout's actions in env rows ``rows``,
-    recomputed in one call from the rollout's start state, and the agent's weighted reconstruction loss
-    over those steps (paper 001 App. A.1; None when the agent has none)."""
-    obs = obs_map(lambda x: x[rows], rollout.obs)
-    logits, values, _, auxiliary = agent(obs, rollout.state.select(rows), done=rollout.done[rows],
+    recomputed in one call, and the agent's weighted reconstruction loss over those steps (paper 001
+    App. A.1; None when the agent has none). The call replays each row's ``W = T / window`` windows side
+    by side, ``[W * b, window]``, each from the state stored at its start (``W = 1``: the whole rollout
+    from its start state), and puts the outputs back in time order."""
+    B, T = rollout.actions.shape
+    window = rollout.window or T
+    b, W = len(rows), T // window
+    windowed = torch.cat([rows + w * B for w in range(W)])  # window-major, as collect stored the states
+
+    def as_windows(x: Tensor) -> Tensor:  # [b, T, ...] -> [W * b, window, ...]
+        return x.unflatten(1, (W, window)).transpose(0, 1).flatten(0, 1)
+
+    def in_time_order(x: Tensor) -> Tensor:  # [W * b, window, ...] -> [b, T, ...]
+        return x.unflatten(0, (W, b)).transpose(0, 1).flatten(1, 2)
+
+    obs = obs_map(lambda x: as_windows(x[rows]), rollout.obs)
+    logits, values, _, auxiliary = agent(obs, rollout.state.select(windowed), done=as_windows(rollout.done[rows]),
                                          return_auxiliary=True)
+    logits, values = in_time_order(logits), in_time_order(values)
     logp = F.log_softmax(logits, -1)
     logprobs = logp.gather(-1, rollout.actions[rows].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
     return logprobs, entropy, values, auxiliary
+
+
+@contextlib.contextmanager
+def differentiable_on_cudnn(agent: nn.Module):
+    """The agent acts and replays in eval mode (the same function both times, no dropout), but cuDNN
+    differentiates an ``nn.RNN``/``LSTM``/``GRU`` only in training mode. Such a module without dropout
+    computes the same function in either mode, so for the update it is put in training mode, then back."""
+    switched = [m for m in agent.modules() if isinstance(m, nn.RNNBase) and not m.training and m.dropout == 0]
+    for module in switched:
+        module.train()
+    try:
+        yield
+    finally:
+        for module in switched:
+            module.eval()
 
 
 def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout, advantages: Tensor,
@@ -557,10 +605,11 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                 group["lr"] = lr
             agent.eval()  # acting and replay must compute the same function (no dropout)
             tic = time.perf_counter()
-            rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker)
+            rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker, args.recurrence)
             toc = time.perf_counter()
             advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
-            stats = learn(agent, optimizer, rollout, advantages, returns, args, ctx)
+            with differentiable_on_cudnn(agent):
+                stats = learn(agent, optimizer, rollout, advantages, returns, args, ctx)
             split["env"] += rollout.env_seconds
             split["act"] += toc - tic - rollout.env_seconds
             split["learn"] += time.perf_counter() - toc
@@ -620,4 +669,4 @@ def reduce_stats(stats: dict[str, float], episodes: list[tuple[float, int]], ctx
 
 def _trainer_state(frames: int, optimizer, seconds: float) -> dict[str, Any]:
     return {"step": frames, "seconds": seconds, "optimizer": optimizer.state_dict(),
-            "rng": {"torch": torch.get_rng_state()}}
+            "rng": rng_state()}

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file
 
 KEEP = 2  # complete checkpoints kept on disk
 CHECKPOINT_NAME = re.compile(r"step_(\d{8,})")  # a complete checkpoint; step_N.tmp is one being written
@@ -36,6 +36,36 @@ CHECKPOINT_NAME = re.compile(r"step_(\d{8,})")  # a complete checkpoint; step_N.
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, truncated or does not match the model."""
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple:
+    """Two state-dict entries with the same key are one tied tensor (the same view of the same memory)."""
+    return tensor.device, tensor.data_ptr(), tensor.shape, tensor.stride()
+
+
+def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict as safetensors stores it: each tensor copied into its own CPU memory, a tied
+    tensor once (under its first name).
+
+    safetensors' own ``save_model`` refuses a tensor that is a view into a larger buffer, and on a GPU
+    cuDNN keeps all of an ``nn.LSTM``'s weights in one flat buffer; copying each tensor out stores the same
+    values in a file that any device loads."""
+    weights, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        if _tensor_key(tensor) in seen:
+            continue
+        seen.add(_tensor_key(tensor))
+        weights[name] = tensor.detach().to("cpu", copy=True).contiguous()
+    return weights
+
+
+def _load_into(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """Copy ``weights`` into ``model`` (on whatever device it is); ``(missing, unexpected)`` names, a tied
+    tensor counted as present when any of its names was loaded. A shape that differs raises RuntimeError."""
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    state = model.state_dict()
+    loaded = {_tensor_key(state[name]) for name in weights if name in state}
+    return [name for name in missing if _tensor_key(state[name]) not in loaded], list(unexpected)
 
 
 def checkpoint_name(step: int) -> str:
@@ -121,7 +151,7 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, trainer_st
     tmp = root / f"{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
+    save_file(weights_of(model), str(tmp / "model.safetensors"))
     torch.save(trainer_state, tmp / "trainer.pt")
     for file in ("model.safetensors", "trainer.pt"):
         _fsync(tmp / file)
@@ -200,10 +230,14 @@ def load_weights(path: Path, model: torch.nn.Module) -> Path:
     (safetensors); returns the checkpoint directory. Raises ``CheckpointError`` clearly."""
     ckpt = find_checkpoint(path)
     try:
-        missing, unexpected = load_model(model, str(ckpt / "model.safetensors"), strict=False)
+        weights = load_file(str(ckpt / "model.safetensors"))
     except Exception as err:  # safetensors raises several types for truncated files
         raise CheckpointError(f"cannot read weights {ckpt / 'model.safetensors'}: truncated or corrupt "
                               f"({_reason(err)}){_intact_hint(ckpt)}") from err
+    try:
+        missing, unexpected = _load_into(model, weights)
+    except RuntimeError as err:  # a tensor of another shape
+        raise CheckpointError(f"weights in {ckpt} do not match the model: {_reason(err)}") from err
     if missing or unexpected:
         raise CheckpointError(
             f"weights in {ckpt} do not match the model: missing {sorted(missing)[:5]}, unexpected "

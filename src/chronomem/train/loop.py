@@ -23,7 +23,7 @@ from chronomem.progress import Progress, duration
 from chronomem.train import distributed
 from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run, save_checkpoint
 from chronomem.train.metrics import MetricsLogger, loss_and_accuracy
-from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer
+from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer, rng_state
 
 OPTIMIZERS = ("adamw", "rmsprop")
 SCHEDULES = ("constant", "linear", "cosine", "rsqrt")
@@ -380,7 +380,7 @@ def _trainer_state(step: int, optimizer, scheduler, seconds: float, cfg: TrainCo
         "schedule_anchor": list(anchor),
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
-        "rng": {"torch": torch.get_rng_state()},
+        "rng": rng_state(),
     }
 
 

@@ -180,7 +180,24 @@ def restore_optimizer(restored: Restored, optimizer: torch.optim.Optimizer, sche
     optimizer.load_state_dict(restored.state["optimizer"])
     if scheduler is not None:
         scheduler.load_state_dict(restored.state["scheduler"])
-    torch.set_rng_state(restored.state["rng"]["torch"])
+    set_rng_state(restored.state["rng"])
+
+
+def rng_state() -> dict[str, Any]:
+    """torch's random state as a checkpoint saves it: the CPU generator's, and each GPU's where CUDA is in
+    use (an agent on a GPU samples its actions there), so that a resumed run draws what the whole run would."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore ``rng_state()``'s state (loaded onto any device: the generators take CPU byte tensors)."""
+    torch.set_rng_state(state["torch"].cpu())
+    if torch.cuda.is_available():
+        for device, cuda_state in enumerate(state.get("cuda", [])[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state.cpu(), device)
 
 
 def continue_run_dir(run_dir: Path, logger, restored: Restored | None, config: dict[str, Any]) -> None:
