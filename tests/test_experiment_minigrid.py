@@ -65,3 +65,11 @@ def test_extra_rows_and_refused_cores(tmp_path):
     assert results["paper"] == {}
     with pytest.raises(ValueError, match="valid models: lstm, mem-lstm, relevance-lstm, htm, tlb, gtrxl"):
         run_experiment(experiment, "smoke", tmp_path / "bad", models=("nope",), progress=False)
+
+
+def test_a_pair_may_train_for_its_own_frames():
+    from chronomem.experiments.minigrid import SCALES
+
+    quick = SCALES["quick"]
+    assert quick.frames_of("doorkey") == quick.frames and quick.frames_of("memory") == quick.pair_frames["memory"]
+    assert quick.frames_of("memory") % (quick.num_envs * quick.num_steps) == 0  # whole rollouts
