@@ -248,7 +248,7 @@ def _transfer_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
         deltas[key] = answer["delta_rss_mb"]
         info.setdefault("eval_seconds", {})[key] = round(time.perf_counter() - start, 1)
         info["baseline_mb"] = answer["baseline_rss_mb"]
-    weights.unlink(missing_ok=True)
+    info["weights"] = weights.name  # kept in OUT: the trained model, for a look at what it does
     return results, peaks, deltas, info
 
 
