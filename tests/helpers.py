@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import nn
 
 # The device of the contract and kernel tests (tests/conftest.py): CHRONOMEM_TEST_DEVICE=cuda on a GPU.
 TEST_DEVICE = torch.device(os.environ.get("CHRONOMEM_TEST_DEVICE", "cpu"))
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """The script ``benchmarks/NAME.py`` as a module (benchmarks are scripts, not a package), registered
+    in ``sys.modules`` so that its dataclasses find their module."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def assert_same_gradients(reference: nn.Module, model: nn.Module, atol: float = 2e-5, rtol: float = 1e-4) -> None:

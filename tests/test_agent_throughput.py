@@ -4,20 +4,15 @@ No timing is asserted (the benchmark prints ratios measured side by side; docs/r
 only that "before" and "after" are the settings they claim to be and that the records add up.
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import load_benchmark
+
 pytest.importorskip("gymnasium")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "agent_throughput.py"
-spec = importlib.util.spec_from_file_location("agent_throughput", SCRIPT)
-agent_throughput = importlib.util.module_from_spec(spec)
-sys.modules["agent_throughput"] = agent_throughput
-spec.loader.exec_module(agent_throughput)
+agent_throughput = load_benchmark("agent_throughput")
 
 
 def test_before_and_after_are_the_settings_they_name():

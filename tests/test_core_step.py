@@ -3,21 +3,15 @@
 No timing is asserted: only what the script computes from its timings.
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from chronomem.baselines import LSTM
+from helpers import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "core_step.py"
-spec = importlib.util.spec_from_file_location("core_step", SCRIPT)
-core_step = importlib.util.module_from_spec(spec)
-sys.modules["core_step"] = core_step  # dataclasses look their module up there
-spec.loader.exec_module(core_step)
+core_step = load_benchmark("core_step")
 
 TINY = dict(dim=16, depth=1, heads=2, batch=2, fill=32)
 

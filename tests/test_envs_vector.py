@@ -405,14 +405,11 @@ def test_cue_recall_checks_its_action():
 
 def test_speed_benchmark_runs_at_tiny_sizes(tmp_path, capsys):
     """benchmarks/ballet_env_speed.py end to end at B = 3 (no timing asserted: only the table's structure)."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "ballet_env_speed.py"
-    spec = importlib.util.spec_from_file_location("ballet_env_speed", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from helpers import load_benchmark
+
+    module = load_benchmark("ballet_env_speed")
     out = tmp_path / "speed.json"
     result = module.main(["--num-envs", "3", "--steps", "2", "--rounds", "2", "--level", "mixture", "--json", str(out)])
     assert [row["observation"] for row in result["rows"]] == ["symbolic", "pixels"]

@@ -1,20 +1,15 @@
 """benchmarks/ppo_recurrence.py on its smallest run: each setting trains with the recurrence it names,
 and the summary's ratios are to the whole-rollout setting. No timing is asserted."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import load_benchmark
+
 pytest.importorskip("minigrid")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "ppo_recurrence.py"
-spec = importlib.util.spec_from_file_location("ppo_recurrence", SCRIPT)
-ppo_recurrence = importlib.util.module_from_spec(spec)
-sys.modules["ppo_recurrence"] = ppo_recurrence
-spec.loader.exec_module(ppo_recurrence)
+ppo_recurrence = load_benchmark("ppo_recurrence")
 
 
 def test_each_setting_trains_with_its_recurrence(tmp_path, monkeypatch):
