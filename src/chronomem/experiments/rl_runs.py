@@ -118,8 +118,7 @@ def finished_run(args, options: dict):
     saved = find_run(run_dir, kind="ppo").config
     asked = {key: value for key, value in dataclasses.asdict(args).items() if key not in ("out", "progress")}
     # a setting added to Args since the run was saved ran at its default (e.g. recurrence: whole rollouts)
-    defaults = {key: value for key, value in dataclasses.asdict(type(args)()).items() if key in asked}
-    saved_args = {**{k: v for k, v in defaults.items() if k not in saved["args"]}, **saved["args"]}
+    saved_args = {**dataclasses.asdict(type(args)()), **saved["args"]}
     differ = differences(asked, saved_args)  # where the run lives and how it reports do not change it
     if differ or differences({"core_options": options}, saved):
         shown = ", ".join(f"{key}: saved {old!r}, asked {new!r}" for key, (new, old) in differ.items())
