@@ -149,8 +149,8 @@ def test_a_resumed_experiment_gives_the_uninterrupted_table(tmp_path, monkeypatc
 
 
 def test_resume_is_refused_where_it_cannot_work(tmp_path):
-    with pytest.raises(ValueError, match="--resume: copy-baselines cannot reuse"):
-        run_experiment(get_experiment("copy-baselines"), "smoke", tmp_path, progress=False, resume=True)
+    with pytest.raises(ValueError, match="--resume: tour cannot reuse"):
+        run_experiment(get_experiment("tour"), "smoke", tmp_path, progress=False, resume=True)
     with pytest.raises(ValueError, match="no such directory"):
         run_experiment(get_experiment("popgym"), "smoke", tmp_path / "missing", progress=False, resume=True)
 

@@ -172,8 +172,9 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     only, so the same seed gives the same metrics on any machine. ``data_dir``: where an experiment
     that reads data files (``lm``: enwik8) finds them; an experiment whose ``run`` takes no
     ``data_dir`` rejects it. ``resume``: continue an interrupted run of the same experiment, scale and
-    seed in ``out``, reusing the runs (model and seed) it finished; only experiments whose ``run`` takes
-    ``resume`` (the RL ones, whose runs take hours) offer it. ``jobs``: how many of the experiment's
+    seed in ``out``, reusing the runs (model and seed) it finished (the supervised ones: and continuing
+    an unfinished run from its checkpoint); only experiments whose ``run`` takes ``resume`` offer it
+    (all but ``tour`` and the BabyAI ones). ``jobs``: how many of the experiment's
     independent runs go at once, each in its own process with one torch thread (an int), or a
     ``Jobs`` (its ``threads`` per process); the numbers are those of ``jobs=1``, which runs them one
     after the other here (``chronomem.experiments.jobs``). results.json's ``config["jobs"]`` records it."""
@@ -274,11 +275,13 @@ class TrainRun:
     train_config: Any  # chronomem.train.TrainConfig
     eval_tasks: dict | None = None
     out: str | None = None
+    resume: bool = False  # continue the run ``out`` holds (chronomem run --resume)
 
 
 def train_run(run: TrainRun) -> dict:
     """``train_and_evaluate`` of ``run`` (the job function of ``Jobs.map``)."""
-    return train_and_evaluate(run.model, run.task, run.model_options, run.train_config, run.eval_tasks, run.out)
+    return train_and_evaluate(run.model, run.task, run.model_options, run.train_config, run.eval_tasks, run.out,
+                              run.resume)
 
 
 # What extra["runs"] keeps of each run besides its accuracy.
@@ -286,10 +289,11 @@ RUN_RECORD = ("seconds", "steps", "stopped_early", "parameters")
 
 
 def train_seeds(runs: list[TrainRun], seeds: int, out: Path, jobs: Jobs, cells: Callable[[dict], dict],
-                accuracy_name: str = "accuracy") -> dict:
+                accuracy_name: str = "accuracy", resume: bool = False) -> dict:
     """Train each of ``runs`` (one per model, its ``train_config.seed`` the first seed) with the seeds
     seed, seed + 1, ..., seed + seeds - 1, each in its own directory ``out/MODEL/seedN``. The models x
-    seeds go to ``jobs.map`` as one list, so ``--jobs K`` trains K of them at once.
+    seeds go to ``jobs.map`` as one list, so ``--jobs K`` trains K of them at once. ``resume``: each
+    continues the run its directory holds (``train_and_evaluate``).
 
     ``cells(row)`` is one run's cells of the table (``{setting: value}``) from ``train_and_evaluate``'s
     row, e.g. ``{"T=100": row["accuracy"]}``. Returns ``{"results": {model: {setting: mean over the
@@ -297,7 +301,7 @@ def train_seeds(runs: list[TrainRun], seeds: int, out: Path, jobs: Jobs, cells: 
     {accuracy_name: the run's accuracy on the task it trained on, "seconds", "steps", "stopped_early",
     "parameters"}}}``: what ``Experiment.run`` returns as results and per_seed, and the runs for its extra."""
     seeded = [dataclasses.replace(run, train_config=dataclasses.replace(run.train_config, seed=seed),
-                                  out=str(Path(out) / run.model / f"seed{seed}"))
+                                  out=str(Path(out) / run.model / f"seed{seed}"), resume=resume)
               for run in runs for seed in range(run.train_config.seed, run.train_config.seed + seeds)]
     per_seed: dict[str, dict[str, list]] = {}
     records = {}
@@ -312,17 +316,20 @@ def train_seeds(runs: list[TrainRun], seeds: int, out: Path, jobs: Jobs, cells: 
 
 
 def train_and_evaluate(model: str, task, model_options: dict, train_config, eval_tasks: dict | None = None,
-                       out: Path | None = None) -> dict:
+                       out: Path | None = None, resume: bool = False) -> dict:
     """Build ``model`` for ``task``, train it, and evaluate on ``task`` (and on each of ``eval_tasks``).
 
     Returns ``{"accuracy": test accuracy (%), "seconds", "steps", "stopped_early", "eval": {setting: acc}}``.
-    ``out`` (optional) keeps the run's checkpoints and metrics.csv.
+    ``out`` (optional) keeps the run's checkpoints and metrics.csv. ``resume`` (``chronomem run
+    --resume``): if ``out`` holds this run, continue it (``chronomem.train.resume.rejoin``): a finished
+    one is loaded from its final checkpoint and only evaluated, so the row is the uninterrupted one.
     """
 
     import torch
 
     from chronomem.heads import build_model
     from chronomem.train import evaluate, train
+    from chronomem.train.resume import rejoin
 
     torch.manual_seed(train_config.seed)
     net = build_model(model, task, **model_options)
@@ -330,7 +337,8 @@ def train_and_evaluate(model: str, task, model_options: dict, train_config, eval
         train_config = dataclasses.replace(train_config, out=str(out))
     spec = {"model": model, "model_options": model_options, "task": task.name, "task_options": task.describe()}
     spec["task_options"].pop("name", None)
-    result = train(net, task, train_config, spec=spec)
+    train_config, run = rejoin(train_config, spec) if resume else (train_config, None)
+    result = train(net, task, train_config, spec=spec, resume=run)
     row = {
         "accuracy": result.metrics["accuracy"],
         "seconds": round(result.seconds, 1),

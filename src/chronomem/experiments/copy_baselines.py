@@ -53,7 +53,8 @@ SCALES = {
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+         time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+         resume: bool = False) -> dict:
     s = SCALES[scale]
     configs = {m: dict(MODELS[m]) for m in select_models(MODELS, models, "copy-baselines")}
     if "transformer-xl" in configs:
@@ -61,7 +62,8 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     task = CopyTask(seq_len=s.seq_len)
     runs = [TrainRun(model, task, options, s.train_config(seed, time_budget, progress, optimizer=optimizer(model)))
             for model, options in configs.items()]
-    over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: {f"T={s.seq_len}": row["accuracy"]})
+    over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: {f"T={s.seq_len}": row["accuracy"]},
+                             resume=resume)
     return {"results": over_seeds["results"], "per_seed": over_seeds["per_seed"],
             "config": {"scale": asdict(s), "models": configs}, "extra": {"runs": over_seeds["runs"]}}
 

@@ -92,7 +92,8 @@ BALLET_SCALES = {
 
 
 def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-            time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+            time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+            resume: bool = False) -> dict:
     s = BALLET_SCALES[scale]
     models = select_models(s.models, models, "ballet")
     task = get_task("ballet")(level="mixed", levels=s.train_levels, questions=s.questions)
@@ -102,7 +103,7 @@ def _ballet(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = N
     runs = [TrainRun(model, task, dict(s.models[model], pooling="last"), s.train_config(seed, time_budget, progress),
                      eval_tasks=levels) for model in models]
     over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: row["eval"],
-                             accuracy_name="accuracy_on_training_mixture")
+                             accuracy_name="accuracy_on_training_mixture", resume=resume)
     config = {"scale": {**asdict(s), "models": list(models)}, "models": {m: s.models[m] for m in models}}
     return {"results": over_seeds["results"], "per_seed": over_seeds["per_seed"], "config": config,
             "extra": {"runs": over_seeds["runs"]}}
@@ -173,7 +174,8 @@ PAI_SCALES = {
 
 
 def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-         time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+         time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+         resume: bool = False) -> dict:
     s = PAI_SCALES[scale]
     pai = lambda query: get_task("pai")(n_triplets=s.n_triplets, item_dim=s.item_dim, query=query)
     # MEMO's data (used unmodified by paper 001, App. B.4) trains on AB, BC and AC trials alike and
@@ -203,7 +205,7 @@ def _pai(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     runs = [TrainRun(model, task, options, s.train_config(seed, time_budget, progress), eval_tasks=evals)
             for model, options in configs.items()]
     over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: row["eval"],
-                             accuracy_name="accuracy_on_training_mixture")
+                             accuracy_name="accuracy_on_training_mixture", resume=resume)
     return {
         "results": over_seeds["results"],
         "per_seed": over_seeds["per_seed"],

@@ -189,18 +189,21 @@ class ImageRun:
     options: dict
     train_config: Any  # chronomem.train.TrainConfig
     out: str
+    resume: bool = False  # continue the run ``out`` holds (chronomem run --resume)
 
 
 def _train_image_run(run: ImageRun) -> dict:
     """Train ``run`` at its resolution and test it at each factor's."""
     task = ImageTask(dataset=run.dataset, resolution=run.resolution, patch_size=run.patch_size, data_dir=run.data_dir)
     others = {f"{k}x": task.with_resolution(run.resolution * k) for k in run.factors if k != 1}
-    return train_and_evaluate(run.model, task, run.options, run.train_config, eval_tasks=others, out=run.out)
+    return train_and_evaluate(run.model, task, run.options, run.train_config, eval_tasks=others, out=run.out,
+                              resume=run.resume)
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
          time_budget: float | None = None, data_dir: str | None = None, progress: bool = True,
-         jobs: Jobs = SEQUENTIAL, patch_positions: str = "sinusoid", name: str = "resolution-transfer") -> dict:
+         jobs: Jobs = SEQUENTIAL, resume: bool = False, patch_positions: str = "sinusoid",
+         name: str = "resolution-transfer") -> dict:
     """Train every row at ``scale`` and test it at each factor; ``patch_positions`` chooses the patch
     encoder's position scheme for every row (``resolution-transfer``: the sinusoids; ``-learned``: ViT's),
     ``name`` is the experiment's."""
@@ -220,7 +223,7 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             model, options = model_options(row, s, patch_positions)
             runs += [ImageRun(dataset, data_dir, s.resolution, s.patch_size, s.factors, model, options,
                               s.train_config(seed + k, time_budget, progress, batch_size=batch),
-                              str(Path(out) / dataset / row / f"seed{seed + k}"))
+                              str(Path(out) / dataset / row / f"seed{seed + k}"), resume)
                      for k in range(s.seeds)]
     trained = iter(jobs.map(_train_image_run, runs))
     for dataset, _ in s.datasets:

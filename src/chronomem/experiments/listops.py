@@ -201,7 +201,8 @@ def _available(model: str) -> bool:
 
 
 def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-               time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+               time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+               resume: bool = False) -> dict:
     s = SCALES[scale]
     models = select_models(s.models, models, "listops")
     task = make_task(scale, seed, progress)
@@ -209,7 +210,8 @@ def _train_all(scale: str, out: Path, seed: int, models: tuple[str, ...] | None 
     trained = [m for m in models if _available(m)]
     runs = [TrainRun(model, task, model_options(model, s), train_config(scale, seed, model, time_budget, progress))
             for model in trained]
-    over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: {"accuracy": row["accuracy"]})
+    over_seeds = train_seeds(runs, s.seeds, out, jobs, cells=lambda row: {"accuracy": row["accuracy"]},
+                             resume=resume)
     results = {m: over_seeds["results"].get(m, {"accuracy": "not available"}) for m in models}
     per_seed = over_seeds["per_seed"]
     extra = {"per_seed": {m: row["accuracy"] for m, row in per_seed.items()}, "runs": over_seeds["runs"]}
@@ -237,8 +239,9 @@ def describe_data(task: ListOpsTask) -> dict:
 
 
 def _run_listops(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                 time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
-    return _train_all(scale, out, seed, models, time_budget, progress, jobs)
+                 time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+                 resume: bool = False) -> dict:
+    return _train_all(scale, out, seed, models, time_budget, progress, jobs, resume)
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,14 +302,15 @@ def _mean(values: list) -> float | str:
 
 
 def _run_length(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+                time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+                resume: bool = False) -> dict:
     out = Path(out)
     models = select_models(SCALES[scale].models, models, "listops-length")
     listops_dir = out.parent / "listops"
     runs = _trained_runs(listops_dir, scale, models)
     source = str(listops_dir)
     if runs is None:  # train them here (same settings as the listops experiment)
-        trained = _train_all(scale, out / "listops", seed, models, time_budget, progress, jobs)
+        trained = _train_all(scale, out / "listops", seed, models, time_budget, progress, jobs, resume)
         (out / "listops").mkdir(parents=True, exist_ok=True)
         (out / "listops" / "results.json").write_text(json.dumps({"scale": scale, **trained}, default=str))
         runs = _trained_runs(out / "listops", scale, models) or {}

@@ -157,12 +157,14 @@ class LMRun:
     time_budget: float | None
     progress: bool
     out: str
+    resume: bool = False  # continue the run ``out`` holds (chronomem run --resume)
 
 
 def _train_lm(run: LMRun) -> tuple[dict, int]:
     """Train, evaluate streamed on the test split and time generation: the run's row and the parameters."""
     from chronomem.heads import build_model
     from chronomem.train import train
+    from chronomem.train.resume import rejoin
 
     s, task = run.scale, run.task
     torch.manual_seed(run.seed)
@@ -171,7 +173,8 @@ def _train_lm(run: LMRun) -> tuple[dict, int]:
     spec = {"model": ROW_MODEL[run.model], "model_options": run.options, "task": task.name,
             "task_options": {k: v for k, v in task.describe().items() if k != "name"}}
     cfg = s.train_config(run.seed, run.time_budget, run.progress, out=run.out)
-    result = train(net, task, cfg, spec=spec)
+    cfg, resumed = rejoin(cfg, spec) if run.resume else (cfg, None)
+    result = train(net, task, cfg, spec=spec, resume=resumed)
     bpb = net.evaluate_stream(evaluated_bytes(task, s), s.eval_segment_len, s.eval_streams)["bits_per_token"]
     speed, sample = generation_speed(net, s.generate_bytes, run.seed)
     row = {"seed": run.seed, "test bpb": round(bpb, 4), "steps": result.steps,
@@ -183,7 +186,7 @@ def _train_lm(run: LMRun) -> tuple[dict, int]:
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
          time_budget: float | None = None, data_dir: str | None = None, progress: bool = True,
-         jobs: Jobs = SEQUENTIAL) -> dict:
+         jobs: Jobs = SEQUENTIAL, resume: bool = False) -> dict:
     from chronomem.tasks.text import TextTask
 
     s = SCALES[scale]
@@ -191,7 +194,7 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     test = evaluated_bytes(task, s)  # read here: a run in another process gets the corpus with its task
     configs = {m: model_options(m, s) for m in select_models(MODELS, models, "lm")}
     lm_runs = [LMRun(model, options, task, s, seed + k, time_budget, progress,
-                     str(out / model / f"seed{seed + k}"))
+                     str(out / model / f"seed{seed + k}"), resume)
                for model, options in configs.items() for k in range(s.seeds)]
     done = iter(jobs.map(_train_lm, lm_runs))
     results, per_seed, extra = {}, {}, {}

@@ -172,23 +172,26 @@ def run_capped(request: dict, timeout: float | None = None) -> dict:
 
 
 def _train(model: str, task, options: dict, s: RelevanceScale, seed: int, time_budget: float | None,
-           progress: bool, eval_examples: int | None = None):
-    """Train ``model`` on ``task``; its final test evaluation reads ``eval_examples`` (default the
+           progress: bool, out: Path, resume: bool, eval_examples: int | None = None):
+    """Train ``model`` on ``task`` in the run directory ``out`` (``resume``: continue the run it holds,
+    ``chronomem run --resume``); its final test evaluation reads ``eval_examples`` (default the
     scale's) in batches of the scale's ``eval_batch``, as ``run_capped``'s evaluations do, so that
     the same test set gives the same accuracy in the run's summary line and in the table."""
     import torch
 
     from chronomem.heads import build_model
     from chronomem.train import train
+    from chronomem.train.resume import rejoin
 
     eval_examples = eval_examples or s.eval_examples
     cfg = s.train_config(seed, time_budget, progress, eval_examples=eval_examples,
-                         eval_batch_size=min(s.eval_batch, eval_examples))
+                         eval_batch_size=min(s.eval_batch, eval_examples), out=str(out))
     torch.manual_seed(seed)
     net = build_model(model, task, **options)
     spec = {"model": model, "model_options": options, "task": task.name,
             "task_options": {k: v for k, v in task.describe().items() if k != "name"}}
-    result = train(net, task, cfg, spec=spec)
+    cfg, run = rejoin(cfg, spec) if resume else (cfg, None)
+    result = train(net, task, cfg, spec=spec, resume=run)
     info = {"train_seconds": round(result.seconds, 1), "steps": result.steps,
             "stopped_early": result.stopped_early, "train_T_accuracy": result.metrics["accuracy"],
             "parameters": sum(p.numel() for p in net.parameters())}
@@ -210,7 +213,8 @@ class ModelRun:
     seed: int
     time_budget: float | None
     progress: bool
-    out: str
+    out: str  # the experiment's directory: each training run gets its own inside
+    resume: bool = False  # continue the runs it holds (chronomem run --resume)
 
 
 def _transfer_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
@@ -222,7 +226,7 @@ def _transfer_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
 
     s, model, options = job.scale, job.model, job.options
     net, info = _train(model, CopyTask(seq_len=s.train_T), options, s, job.seed, job.time_budget, job.progress,
-                       s.eval.get(s.train_T))
+                       Path(job.out) / model, job.resume, s.eval.get(s.train_T))
     weights = Path(job.out) / f"{model}.weights.pt"
     torch.save(net.state_dict(), weights)
     results: dict[str, Any] = {}
@@ -253,11 +257,13 @@ def _transfer_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
 
 
 def _run_transfer(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                  time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+                  time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+                  resume: bool = False) -> dict:
     s = TRANSFER_SCALES[scale]
     configs = {m: model_options(m, s.hidden, nu=10, rho=15)
                for m in select_models(s.models, models, "transfer-copy")}
-    runs = [ModelRun(model, options, s, seed, time_budget, progress, str(out)) for model, options in configs.items()]
+    runs = [ModelRun(model, options, s, seed, time_budget, progress, str(out), resume)
+            for model, options in configs.items()]
     results, peaks, deltas, info = {}, {}, {}, {}
     for model, row in zip(configs, jobs.map(_transfer_model, runs), strict=True):
         results[model], peaks[model], deltas[model], info[model] = row
@@ -317,18 +323,21 @@ def _denoise_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
             continue
         peaks[key] = probe["peak_rss_mb"]
         deltas[key] = probe["delta_rss_mb"]
-        _, row = _train(model, DenoiseTask(seq_len=T), options, s, job.seed, job.time_budget, job.progress)
+        _, row = _train(model, DenoiseTask(seq_len=T), options, s, job.seed, job.time_budget, job.progress,
+                        Path(job.out) / model / key, job.resume)
         results[key] = round(row.pop("train_T_accuracy"), 2)
         info[key] = row
     return results, peaks, deltas, info
 
 
 def _run_denoise(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                 time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+                 time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+                 resume: bool = False) -> dict:
     s = DENOISE_SCALES[scale]
     configs = {m: model_options(m, s.hidden, nu=15, rho=15)
                for m in select_models(s.models, models, "denoise")}
-    runs = [ModelRun(model, options, s, seed, time_budget, progress, str(out)) for model, options in configs.items()]
+    runs = [ModelRun(model, options, s, seed, time_budget, progress, str(out), resume)
+            for model, options in configs.items()]
     results, peaks, deltas, info = {}, {}, {}, {}
     for model, row in zip(configs, jobs.map(_denoise_model, runs), strict=True):
         results[model], peaks[model], deltas[model], info[model] = row

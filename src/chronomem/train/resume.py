@@ -5,7 +5,8 @@ the run (``find_run``) and settle its settings (``resumed_settings``); the loops
 trainer's ``train(resume=...)`` and PPO's, refuse to write over another run (``check_new_run``), load
 the checkpoint (``restore``, ``restore_optimizer``) and continue the run directory from its step
 (``continue_run_dir``); ``chronomem run --resume`` reuses an RL experiment's finished runs after
-comparing their settings (``find_run``, ``differences``).
+comparing their settings (``find_run``, ``differences``) and continues a supervised experiment's
+training runs where they stopped (``rejoin``).
 
 The rules (docs/training.md, "Resuming"):
 
@@ -114,6 +115,22 @@ def resumed_settings(run: Run, config_cls: type, saved: dict[str, Any], given: d
     check_own_directory(given.get("out"), run.dir)
     now = {name: given[name] for name in resumable if name in given}
     return config_cls(**{**saved, **now, "out": str(run.dir), "progress": given.get("progress", True)})
+
+
+def rejoin(cfg, spec: dict[str, Any]):
+    """``(cfg, run)`` with which an experiment's training run continues after ``chronomem run --resume``:
+    ``(cfg, None)`` when ``cfg.out`` holds no run yet (it starts there); else the ``Run`` found there and
+    the settings it continues with (``resumed_settings``), after checking that it is this very run: its
+    ``spec`` (model and task) and every setting of ``cfg`` that changes a step's maths equal the saved
+    ones (ValueError naming the first that differs). ``train(..., resume=run)`` then loads a finished
+    run's final checkpoint and only evaluates it, or continues an unfinished one from its newest
+    checkpoint (from step 0, in place, when it was killed before its first)."""
+    if cfg.out is None or not (Path(cfg.out) / "config.json").exists():
+        return cfg, None
+    run = find_run(cfg.out)
+    given = dataclasses.asdict(cfg)
+    kept = {"the model and task": (spec, run.config.get("spec", NOT_SET))}
+    return resumed_settings(run, type(cfg), run.config.get("train", {}), given, kept), run
 
 
 def check_new_run(out: str | Path | None, resume: str | Path | Run | None = None, flag: str = "out") -> None:
