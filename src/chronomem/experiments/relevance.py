@@ -116,7 +116,7 @@ DENOISE_SCALES = {
 
 
 # --------------------------------------------------------------------------------------------
-# Memory-capped subprocess: evaluation (or one training step) of saved weights
+# Memory-capped subprocess: evaluation of a trained run (or one training step of a new model)
 # --------------------------------------------------------------------------------------------
 
 
@@ -126,15 +126,15 @@ def capped_job(request: dict, meter) -> None:
 
     from chronomem.heads import build_model
     from chronomem.registry import get_task
-    from chronomem.train import evaluate
+    from chronomem.train import evaluate, load_checkpoint
     from chronomem.train.metrics import loss_and_accuracy
 
     try:
         task = get_task(request["task"])(**request["task_options"])
         torch.manual_seed(0)
         net = build_model(request["model"], task, **request["model_options"])
-        if request.get("weights"):
-            net.load_state_dict(torch.load(request["weights"], weights_only=True))
+        if request.get("run"):  # a run directory: the weights of its newest checkpoint (safetensors)
+            load_checkpoint(request["run"], net)
     except Exception as err:  # a bad option or a missing file: reported, and raised by run_capped
         meter.fail(err)
         return
@@ -147,8 +147,7 @@ def capped_job(request: dict, meter) -> None:
         loss.backward()
 
     if request["mode"] == "eval":
-        meter.run("eval", lambda: {"accuracy": evaluate(net, task, request["batch_size"],
-                                                        request["num_examples"])["accuracy"]})
+        meter.run("eval", lambda: evaluate(net, task, request["batch_size"], request["num_examples"]))
     else:
         meter.run("train", train_step)
 
@@ -156,7 +155,7 @@ def capped_job(request: dict, meter) -> None:
 def run_capped(request: dict, timeout: float | None = None) -> dict:
     """Run ``capped_job`` in a fresh process (one thread) under ``request["cap_mb"]``; returns the
     worker's record: ``status`` ``"ok"`` or ``"OOM"``, ``baseline_rss_mb``, ``peak_rss_mb``,
-    ``delta_rss_mb`` (when measured) and ``accuracy`` for an evaluation. Any other failure raises."""
+    ``delta_rss_mb`` (when measured) and ``accuracy`` and ``loss`` for an evaluation. Any other failure raises."""
     phase = request["mode"]
     record = measure("chronomem.experiments.relevance:capped_job", request, [phase], timeout=timeout,
                      memory_cap_mb=request["cap_mb"], threads=1)[phase]
@@ -220,15 +219,12 @@ class ModelRun:
 def _transfer_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
     """Train ``job.model`` on Copy at the scale's ``train_T`` and evaluate it at each T in a measured
     process; its row of results, peaks, deltas and run information."""
-    import torch
-
     from chronomem.tasks.copy import CopyTask
 
     s, model, options = job.scale, job.model, job.options
-    net, info = _train(model, CopyTask(seq_len=s.train_T), options, s, job.seed, job.time_budget, job.progress,
-                       Path(job.out) / model, job.resume, s.eval.get(s.train_T))
-    weights = Path(job.out) / f"{model}.weights.pt"
-    torch.save(net.state_dict(), weights)
+    run = Path(job.out) / model
+    _, info = _train(model, CopyTask(seq_len=s.train_T), options, s, job.seed, job.time_budget, job.progress,
+                     run, job.resume, s.eval.get(s.train_T))
     results: dict[str, Any] = {}
     peaks, deltas = {}, {}
     oom = False
@@ -239,7 +235,7 @@ def _transfer_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
             continue
         start = time.perf_counter()
         answer = run_capped({"mode": "eval", "task": "copy", "task_options": {"seq_len": T},
-                             "model": model, "model_options": options, "weights": str(weights),
+                             "model": model, "model_options": options, "run": str(run),
                              "cap_mb": s.cap_mb, "batch_size": min(s.eval_batch, n),
                              "num_examples": n})
         if answer["status"] == OOM:
@@ -252,7 +248,7 @@ def _transfer_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
         deltas[key] = answer["delta_rss_mb"]
         info.setdefault("eval_seconds", {})[key] = round(time.perf_counter() - start, 1)
         info["baseline_mb"] = answer["baseline_rss_mb"]
-    info["weights"] = weights.name  # kept in OUT: the trained model, for a look at what it does
+    info["run"] = run.name  # the run directory in OUT: the trained model, for a look at what it does
     return results, peaks, deltas, info
 
 
@@ -316,7 +312,7 @@ def _denoise_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
         key = f"T={T}"
         probe = None if oom else run_capped(
             {"mode": "train", "task": "denoise", "task_options": {"seq_len": T}, "model": model,
-             "model_options": options, "weights": None, "cap_mb": s.cap_mb, "batch_size": s.batch_size})
+             "model_options": options, "run": None, "cap_mb": s.cap_mb, "batch_size": s.batch_size})
         if oom or probe["status"] == OOM:
             oom = True
             results[key] = "OOM"
