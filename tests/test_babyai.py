@@ -342,3 +342,46 @@ def test_the_success_plot_fits_its_title_and_keeps_its_legend_off_the_curves(tmp
     assert page.x0 <= title.x0 and title.x1 <= page.x1 and title.y1 <= page.y1  # not cut off
     assert "GoTo" in fig._suptitle.get_text()
     assert "random policy (10%)" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_a_resumed_experiment_gives_the_uninterrupted_curves(tmp_path, monkeypatch):
+    """chronomem run babyai --resume: one run killed during its second segment (its curve.json holds the
+    first evaluation, its newest checkpoint is that segment's start), one never started. The first
+    continues from its checkpoint, the second trains from scratch; the table and curves are the
+    uninterrupted ones."""
+    import shutil
+    from pathlib import Path
+
+    import chronomem.train
+    from chronomem.experiments.babyai import SCALES
+    from chronomem.experiments.base import run_experiment
+    from chronomem.registry import get_experiment
+    from chronomem.train.checkpoint import checkpoint_name
+
+    monkeypatch.setenv("CHRONOMEM_CACHE", str(tmp_path / "cache"))
+    experiment = get_experiment("babyai")
+    scale = SCALES["smoke"]
+    whole = run_experiment(experiment, "smoke", tmp_path / "whole", seed=1, progress=False)
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    for file in ("results.json", "report.md", "results.png", "success.png"):
+        (tmp_path / "cut" / file).unlink(missing_ok=True)
+    runs = sorted(p.parent for p in (tmp_path / "cut").rglob("config.json"))
+    cut = runs[-1]
+    kept = json.loads((cut / "curve.json").read_text())
+    (cut / "curve.json").write_text(json.dumps({**kept, "curve": kept["curve"][:1]}))
+    shutil.rmtree(cut / "checkpoints" / checkpoint_name(scale.steps))  # killed before its last checkpoint
+    shutil.rmtree(runs[0])  # never started
+    calls = []
+    train = chronomem.train.train
+
+    def recording_train(model, task, cfg, *, resume=None, **kw):
+        calls.append((Path(cfg.out), None if resume is None or resume.checkpoint is None else resume.checkpoint.name))
+        return train(model, task, cfg, resume=resume, **kw)
+
+    monkeypatch.setattr(chronomem.train, "train", recording_train)
+    resumed = run_experiment(experiment, "smoke", tmp_path / "cut", seed=1, progress=False, resume=True)
+    assert [call for call in calls if call[0] == cut] == [(cut, checkpoint_name(scale.eval_every))]
+    assert [call for call in calls if call[0] == runs[0]][0] == (runs[0], None)
+    assert {call[0] for call in calls} == {cut, runs[0]}  # the finished runs are read, not trained
+    assert resumed["results"] == whole["results"]
+    assert resumed["extra"]["curves"] == whole["extra"]["curves"]

@@ -426,8 +426,8 @@ def test_run_resume_continues_in_its_own_directory(tmp_path, capsys, monkeypatch
 
     interrupted = tmp_path / "interrupted"
     interrupted.mkdir()
-    code = main(["run", "babyai", "--scale", "smoke", "--resume", str(interrupted)])
-    assert_one_line_error(code, capsys, "run", "--resume: babyai cannot reuse the runs of an interrupted run")
+    code = main(["run", "tour", "--scale", "smoke", "--resume", str(interrupted)])
+    assert_one_line_error(code, capsys, "run", "--resume: tour cannot reuse the runs of an interrupted run")
     code = main(["run", "popgym", "--scale", "smoke", "--resume", str(interrupted), "--out", str(tmp_path / "x")])
     assert_one_line_error(code, capsys, "run", "a resumed run writes only into its own directory")
     calls = []

@@ -484,7 +484,7 @@ def _run_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--resume", default=None, metavar="DIR",
                    help="continue the interrupted run in DIR (same experiment, --scale, --seed, --models): "
                    "the runs it finished are loaded, not trained again; a supervised run cut short continues from its "
-                   "checkpoint (every experiment but tour, babyai and babyai-multi)")
+                   "checkpoint (every experiment but tour)")
     r.add_argument("--models", nargs="+", metavar="NAME", default=None,
                    help="run only these of the experiment's models (default: all of the scale's models)")
     r.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",

@@ -22,6 +22,7 @@ Transformer". The paper gives its curves as a figure only: there are no numbers 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,7 @@ class Job:
     scale: BabyAIScale
     out: str
     progress: bool
+    resume: bool = False  # continue the run ``out`` holds (chronomem run --resume)
 
 
 def load_task(s: BabyAIScale, workers: int = 1, progress: bool = False):
@@ -199,10 +201,17 @@ def load_task(s: BabyAIScale, workers: int = 1, progress: bool = False):
 
 
 def run_job(job: Job) -> dict[str, Any]:
-    """Train one model for the scale's steps; the success rates at every ``eval_every`` steps and at the end."""
+    """Train one model for the scale's steps; the success rates at every ``eval_every`` steps and at the end.
+
+    After each evaluation the curve so far goes to ``OUT/curve.json``. Resumed (``job.resume``), the
+    job skips the evaluations that file holds and continues training from the run's checkpoint
+    (``chronomem.train.resume.rejoin``: the run must be this one); each segment restores torch's random
+    state from its checkpoint, so the curve is the uninterrupted one."""
     import torch
 
+    from chronomem.experiments.base import write_json_atomic
     from chronomem.train import train
+    from chronomem.train.resume import rejoin
 
     s = job.scale
     task = load_task(s)  # cached by the parent process
@@ -211,22 +220,28 @@ def run_job(job: Job) -> dict[str, Any]:
     spec = {"model": job.model, "model_options": model_options(job.model, s), "task": "babyai",
             "task_options": task.describe()}
     ends = [*range(s.eval_every, s.steps, s.eval_every), s.steps]
-    curve, done = [], 0
-    for end in ends:
+    saved = Path(job.out) / "curve.json"
+    curve, seconds = [], 0.0
+    if job.resume and saved.exists():
+        kept = json.loads(saved.read_text())
+        curve, seconds = kept["curve"], kept["train_seconds"]
+    for end in ends[len(curve):]:
         cfg = s.train_config(job.seed, steps=end, out=job.out, progress=job.progress, log_every=50)
-        result = train(policy, task, cfg, spec=spec, resume=job.out if done else None)
-        done = end
+        cfg, run = rejoin(cfg, spec) if job.resume or curve else (cfg, None)
+        result = train(policy, task, cfg, spec=spec, resume=run)
         rates = {level: success_rate(policy, level, s.episodes, EVAL_SEED + 10_000 * job.seed, s.eval_max_steps)
                  for level in s.levels}
         curve.append({"step": end, "demos_seen": end * s.batch_size, "success": rates,
                       "mean": round(float(np.mean(list(rates.values()))), 4),
                       "action_accuracy": round(result.metrics["accuracy"], 2)})
-    return {"model": job.model, "seed": job.seed, "curve": curve, "train_seconds": round(result.seconds, 1),
+        seconds = round(result.seconds, 1)
+        write_json_atomic(saved, {"curve": curve, "train_seconds": seconds})
+    return {"model": job.model, "seed": job.seed, "curve": curve, "train_seconds": seconds,
             "parameters": sum(p.numel() for p in policy.parameters())}
 
 
 def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, progress: bool = True,
-         jobs: Jobs = SEQUENTIAL, *, scales: dict[str, BabyAIScale], name: str) -> dict:
+         jobs: Jobs = SEQUENTIAL, resume: bool = False, *, scales: dict[str, BabyAIScale], name: str) -> dict:
     import time
 
     from chronomem.experiments.rl_runs import check_no_time_budget
@@ -237,7 +252,7 @@ def _run(scale: str, out: Path, seed: int, models=None, time_budget=None, progre
     start = time.perf_counter()
     task = load_task(s, jobs.processes, progress)  # generate (or read) the demos once, in parallel
     demo_seconds = time.perf_counter() - start
-    runs = [Job(model, seed + i, s, str(Path(out) / "runs" / model / f"seed_{seed + i}"), progress)
+    runs = [Job(model, seed + i, s, str(Path(out) / "runs" / model / f"seed_{seed + i}"), progress, resume)
             for model in chosen for i in range(s.seeds)]
     rows = jobs.map(run_job, runs)
     curves = {m: mean_curve([r["curve"] for r in rows if r["model"] == m]) for m in chosen}
@@ -351,8 +366,8 @@ def _experiment(name: str, scales: dict[str, BabyAIScale], what: str) -> Experim
         description=f"Behaviour cloning on BabyAI bot demos ({what}): Transformer vs Transformer + TLB of the same "
                     "width and depth; success rate by acting, mean over seeds, at every evaluation step "
                     "(success.png: the curves with seed bands).",
-        run=lambda scale, out, seed, models=None, time_budget=None, progress=True, jobs=SEQUENTIAL: _run(
-            scale, out, seed, models, time_budget, progress, jobs, scales=scales, name=name),
+        run=lambda scale, out, seed, models=None, time_budget=None, progress=True, jobs=SEQUENTIAL, resume=False: _run(
+            scale, out, seed, models, time_budget, progress, jobs, resume, scales=scales, name=name),
         metric="success rate (%) by acting, mean over seeds",
         paper_source="paper 003 Fig. 3 (curves only, no numbers to copy)",
         notes=CLAIM,

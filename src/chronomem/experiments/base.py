@@ -174,7 +174,7 @@ def run_experiment(experiment: Experiment, scale: str, out: Path, seed: int = 0,
     ``data_dir`` rejects it. ``resume``: continue an interrupted run of the same experiment, scale and
     seed in ``out``, reusing the runs (model and seed) it finished (the supervised ones: and continuing
     an unfinished run from its checkpoint); only experiments whose ``run`` takes ``resume`` offer it
-    (all but ``tour`` and the BabyAI ones). ``jobs``: how many of the experiment's
+    (all but ``tour``). ``jobs``: how many of the experiment's
     independent runs go at once, each in its own process with one torch thread (an int), or a
     ``Jobs`` (its ``threads`` per process); the numbers are those of ``jobs=1``, which runs them one
     after the other here (``chronomem.experiments.jobs``). results.json's ``config["jobs"]`` records it."""
