@@ -182,6 +182,19 @@ def test_a_resumed_supervised_experiment_gives_the_uninterrupted_table(tmp_path,
     assert resumed["config"]["resumed"] and "resumed" not in whole["config"]
 
 
+def test_a_resumed_equal_time_experiment_gives_the_uninterrupted_table(tmp_path):
+    """Under a time budget a finished run resumed takes no further step (its budget is spent)."""
+    import shutil
+
+    experiment = get_experiment("copy-baselines")
+    whole = run_experiment(experiment, "smoke", tmp_path / "whole", progress=False, time_budget=1e-9)
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    (tmp_path / "cut" / "results.json").unlink()
+    resumed = run_experiment(experiment, "smoke", tmp_path / "cut", progress=False, time_budget=1e-9, resume=True)
+    assert set(_steps(resumed["extra"]).values()) == {1}
+    assert resumed["results"] == whole["results"]
+
+
 def test_a_resumed_supervised_run_must_be_the_same_run(tmp_path):
     out = tmp_path / "run"
     run_experiment(get_experiment("copy-baselines"), "smoke", out, progress=False)

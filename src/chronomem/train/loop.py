@@ -290,6 +290,10 @@ def train(
     model.train()
     asks_auxiliary = bool(getattr(model, "reconstruction", 0.0))  # a head built with reconstruction=w
     while step < cfg.steps:
+        # Checked before the step, so a run resumed with its budget spent (one the budget ended) takes none.
+        if cfg.time_budget is not None and trained > cfg.time_budget:
+            stopped_early = True
+            break
         batch = task.sample(cfg.batch_size, batch_generator(cfg.seed, ctx.rank, step)).to(device)
         if asks_auxiliary:
             logits, _, auxiliary = ddp_model(batch.inputs, mask=batch.mask, return_auxiliary=True)
@@ -343,9 +347,6 @@ def train(
         if run_dir is not None and ctx.is_main and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained, cfg, anchor))
             saved_step = step
-        if cfg.time_budget is not None and trained > cfg.time_budget and step < cfg.steps:
-            stopped_early = True
-            break
     seconds = seconds_before + time.perf_counter() - t0
     if run_dir is not None and ctx.is_main and saved_step != step:
         save_checkpoint(run_dir, step, model, _trainer_state(step, optimizer, scheduler, trained, cfg, anchor))
