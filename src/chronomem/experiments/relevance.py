@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -252,23 +253,22 @@ def _transfer_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
     return results, peaks, deltas, info
 
 
-def _run_transfer(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                  time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
-                  resume: bool = False) -> dict:
-    s = TRANSFER_SCALES[scale]
-    configs = {m: model_options(m, s.hidden, nu=10, rho=15)
-               for m in select_models(s.models, models, "transfer-copy")}
+def _run_models(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+                time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
+                resume: bool = False, *, model_job, scales: dict, name: str, nu: int, memory_note: str) -> dict:
+    """An experiment of this module: each of the scale's models (or ``models``) through ``model_job``
+    (``_transfer_model`` or ``_denoise_model``: its row of results, peaks, deltas and run information),
+    ``jobs.map`` over the models. ``nu`` is the buffer, 15 the relevant set; ``memory_note`` says in
+    results.json what the memory columns measure."""
+    s = scales[scale]
+    configs = {m: model_options(m, s.hidden, nu=nu, rho=15) for m in select_models(s.models, models, name)}
     runs = [ModelRun(model, options, s, seed, time_budget, progress, str(out), resume)
             for model, options in configs.items()]
     results, peaks, deltas, info = {}, {}, {}, {}
-    for model, row in zip(configs, jobs.map(_transfer_model, runs), strict=True):
+    for model, row in zip(configs, jobs.map(model_job, runs), strict=True):
         results[model], peaks[model], deltas[model], info[model] = row
-    config = {"scale": asdict(s), "models": configs, "nu": 10, "rho": 15}
-    extra = {"peak_memory_mb": peaks, "delta_memory_mb": deltas, "runs": info,
-             "memory_note": "peak resident memory (MB) of the evaluation process, including the "
-                            "interpreter and torch (runs[model].baseline_mb), and the peak above that "
-                            "baseline (delta); OOM = the peak above the baseline passed cap_mb or could "
-                            "not be allocated"}
+    config = {"scale": asdict(s), "models": configs, "nu": nu, "rho": 15}
+    extra = {"peak_memory_mb": peaks, "delta_memory_mb": deltas, "runs": info, "memory_note": memory_note}
     return {"results": results, "config": config, "extra": extra}
 
 
@@ -276,7 +276,10 @@ TRANSFER = register_experiment(
     Experiment(
         name="transfer-copy",
         description="Transfer Copy: train on Copy at T=100, evaluate at longer T (paper 004 Table 1).",
-        run=_run_transfer,
+        run=partial(_run_models, model_job=_transfer_model, scales=TRANSFER_SCALES, name="transfer-copy", nu=10,
+                    memory_note="peak resident memory (MB) of the evaluation process, including the interpreter "
+                    "and torch (runs[model].baseline_mb), and the peak above that baseline (delta); OOM = the "
+                    "peak above the baseline passed cap_mb or could not be allocated"),
         paper=PAPER_TRANSFER,
         metric="accuracy on the 10 copied symbols (%)",
         paper_source="paper 004 Table 1",
@@ -326,31 +329,15 @@ def _denoise_model(job: ModelRun) -> tuple[dict, dict, dict, dict]:
     return results, peaks, deltas, info
 
 
-def _run_denoise(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
-                 time_budget: float | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL,
-                 resume: bool = False) -> dict:
-    s = DENOISE_SCALES[scale]
-    configs = {m: model_options(m, s.hidden, nu=15, rho=15)
-               for m in select_models(s.models, models, "denoise")}
-    runs = [ModelRun(model, options, s, seed, time_budget, progress, str(out), resume)
-            for model, options in configs.items()]
-    results, peaks, deltas, info = {}, {}, {}, {}
-    for model, row in zip(configs, jobs.map(_denoise_model, runs), strict=True):
-        results[model], peaks[model], deltas[model], info[model] = row
-    config = {"scale": asdict(s), "models": configs, "nu": 15, "rho": 15}
-    extra = {"peak_memory_mb": peaks, "delta_memory_mb": deltas, "runs": info,
-             "memory_note": "peak resident memory (MB) of one training step (forward + backward) at each T "
-                            "in a fresh process, and the peak above its baseline (delta); OOM = the peak "
-                            "above the baseline passed cap_mb or could not be allocated"}
-    return {"results": results, "config": config, "extra": extra}
-
-
 DENOISE = register_experiment(
     Experiment(
         name="denoise",
         description="Denoise: copy 10 symbols scattered among T steps, trained and evaluated at each T "
                     "(paper 004 Table 2).",
-        run=_run_denoise,
+        run=partial(_run_models, model_job=_denoise_model, scales=DENOISE_SCALES, name="denoise", nu=15,
+                    memory_note="peak resident memory (MB) of one training step (forward + backward) at each T "
+                    "in a fresh process, and the peak above its baseline (delta); OOM = the peak above the "
+                    "baseline passed cap_mb or could not be allocated"),
         paper=PAPER_DENOISE,
         metric="accuracy on the 10 output symbols (%)",
         paper_source="paper 004 Table 2",
