@@ -8,6 +8,7 @@ the loss counts every output (as the authors train).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from chronomem.checks import check_positive
 from chronomem.registry import register_task
@@ -35,11 +36,17 @@ class CopyTask(Task):
         return self.seq_len + 2 * self.copy_len
 
     def sample(self, batch_size: int, generator: torch.Generator, split: str = "train") -> Batch:
+        symbols = torch.randint(1, self.n_symbols + 1, (batch_size, self.copy_len), generator=generator)
+        return self.batch(symbols, torch.arange(self.copy_len).expand(batch_size, -1))
+
+    def batch(self, symbols: Tensor, positions: Tensor) -> Batch:
+        """The examples whose ``symbols [B, L]`` stand at the input steps ``positions [B, L]`` (among the
+        first T+L-1; blanks elsewhere), the marker at step T+L-1: the targets are the symbols in order
+        after it. Copy puts them at the first L steps, Denoise (``tasks/denoise.py``) anywhere."""
         T, L = self.seq_len, self.copy_len
-        symbols = torch.randint(1, self.n_symbols + 1, (batch_size, L), generator=generator)
-        inputs = torch.full((batch_size, T + 2 * L), BLANK, dtype=torch.long)
-        inputs[:, :L] = symbols
-        inputs[:, T + L - 1] = MARKER  # after the 10 symbols and T-1 blanks
+        inputs = torch.full((symbols.shape[0], T + 2 * L), BLANK, dtype=torch.long)
+        inputs.scatter_(1, positions, symbols)
+        inputs[:, T + L - 1] = MARKER  # after the T+L-1 steps that hold the symbols
         targets = torch.full_like(inputs, BLANK)
         targets[:, T + L :] = symbols
         score_mask = torch.zeros_like(inputs, dtype=torch.bool)

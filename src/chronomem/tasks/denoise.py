@@ -10,48 +10,22 @@ from __future__ import annotations
 
 import torch
 
-from chronomem.checks import check_positive
 from chronomem.registry import register_task
-from chronomem.tasks.base import Batch, Task
-from chronomem.tasks.copy import BLANK, MARKER
+from chronomem.tasks.base import Batch
+from chronomem.tasks.copy import CopyTask
 
 
-class DenoiseTask(Task):
+class DenoiseTask(CopyTask):
+    """Copy's vocabulary, lengths and targets (``CopyTask``), the symbols scattered."""
+
     name = "denoise"
-    kind = "tag"
-    vocab_size = 10  # 0 blank, 1..8 symbols, 9 marker
-    num_classes = 10
-    causal = True
-
-    def __init__(self, seq_len: int = 100, n_symbols: int = 8, copy_len: int = 10):
-        self.seq_len = check_positive(seq_len, "seq_len")
-        self.n_symbols = check_positive(n_symbols, "n_symbols")
-        self.copy_len = check_positive(copy_len, "copy_len")
-        if n_symbols > 8:
-            raise ValueError(f"n_symbols must be <= 8 (0 is blank, 9 the marker), got {n_symbols}")
-
-    @property
-    def length(self) -> int:
-        return self.seq_len + 2 * self.copy_len
 
     def sample(self, batch_size: int, generator: torch.Generator, split: str = "train") -> Batch:
-        T, L = self.seq_len, self.copy_len
-        span = T + L - 1  # the symbols lie among the first T+9 steps
-        symbols = torch.randint(1, self.n_symbols + 1, (batch_size, L), generator=generator)
+        span = self.seq_len + self.copy_len - 1  # the symbols lie among the first T+9 steps
+        symbols = torch.randint(1, self.n_symbols + 1, (batch_size, self.copy_len), generator=generator)
         # L distinct positions per row: the first L of a random permutation, sorted.
-        positions = torch.rand(batch_size, span, generator=generator).argsort(1)[:, :L].sort(1).values
-        inputs = torch.full((batch_size, T + 2 * L), BLANK, dtype=torch.long)
-        inputs.scatter_(1, positions, symbols)
-        inputs[:, span] = MARKER
-        targets = torch.full_like(inputs, BLANK)
-        targets[:, T + L :] = symbols
-        score_mask = torch.zeros_like(inputs, dtype=torch.bool)
-        score_mask[:, T + L :] = True
-        return Batch(inputs, targets, score_mask=score_mask)
-
-    def describe(self) -> dict:
-        return {"name": self.name, "seq_len": self.seq_len, "n_symbols": self.n_symbols,
-                "copy_len": self.copy_len}
+        positions = torch.rand(batch_size, span, generator=generator).argsort(1)[:, : self.copy_len].sort(1).values
+        return self.batch(symbols, positions)
 
 
 register_task("denoise")(DenoiseTask)
