@@ -38,6 +38,16 @@ def test_seeds_of_one_experiment_share_a_section_with_their_mean(tmp_path):
     assert "| tlb | x1 | 35.0 | 38.2 | 10.0 |" in page  # listops (registered): its chance level, 10%, last
 
 
+def test_a_later_run_of_other_models_shares_the_column_of_its_seeds(tmp_path):
+    write_run(tmp_path / "a", results={"lstm": {"T=100": 30.0}})
+    write_run(tmp_path / "b", results={"tlb": {"T=100": 35.0}}, paper={})
+    write_run(tmp_path / "c", seed=1, results={"tlb": {"T=100": 45.0}}, paper={})
+    page = results_page([tmp_path])
+    assert "| model | setting | seed 0 | seed 1 | mean | paper |" in page
+    assert "| lstm | T=100 | 30.0 | — | — | 99.0 |" in page
+    assert "| tlb | T=100 | 35.0 | 45.0 | 40.0 | — |" in page
+
+
 def test_an_equal_time_run_gets_its_own_section_after_the_step_count_runs(tmp_path):
     write_run(tmp_path / "steps", results={"lstm": {"T=100": 30.0}})
     write_run(tmp_path / "timed", results={"lstm": {"T=100": 50.0}}, config={"time_budget": 440.0})

@@ -10,8 +10,9 @@
 
 One section per (experiment, scale). Each row is one (model, setting) pair -- long format, so an
 experiment whose models report different settings (the tour) gives no sparse matrix. With several
-seeds of the same experiment and scale, each seed gets a column and the mean is added. A model that
-only the paper has gets rows too (ours "—"), for the settings the runs measured.
+seeds of the same experiment and scale, each seed gets a column and the mean is added; a run of other
+models with the same seeds (``--models``, run later) shares its column. A model that only the paper
+has gets rows too (ours "—"), for the settings the runs measured.
 
 Spread and claims (``Claim``, ``judge``). A run that averages several seeds lists them in results.json's
 ``per_seed`` (``{model: {setting: [value per seed, in seed order]}}``, the values its ``results`` cell
@@ -605,13 +606,30 @@ def row_keys(runs: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return rows
 
 
+def columns_of(runs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The table's columns: one per run, except that runs of the same seeds whose rows do not overlap
+    (another model run later with ``--models``) share one, so the table is not a sparse matrix."""
+    columns: list[list[dict[str, Any]]] = []
+    for run in runs:
+        keys = {(m, s) for m, row in run["results"].items() for s in row}
+        for column in columns:
+            taken = {(m, s) for r in column for m, row in r["results"].items() for s in row}
+            if _column(column[0]) == _column(run) and not keys & taken:
+                column.append(run)
+                break
+        else:
+            columns.append([run])
+    return columns
+
+
 def spread_table(runs: list[dict[str, Any]]) -> list[str]:
-    """The long table of ``runs`` (one experiment and scale): per (model, setting) each run's value, their
-    mean, the per-seed values and the 95% interval of their mean where a run lists its seeds
-    (``per_seed``), the paper's number, and the chance level where the experiment has one."""
+    """The long table of ``runs`` (one experiment and scale): per (model, setting) each column's value
+    (``columns_of``), their mean, the per-seed values and the 95% interval of their mean where a run
+    lists its seeds (``per_seed``), the paper's number, and the chance level where the experiment has one."""
     first = runs[0]
     rows = row_keys(runs)
-    several = len(runs) > 1
+    columns = columns_of(runs)
+    several = len(columns) > 1
     seeds = {key: run_seeds(runs, *key) for key in rows}
     # The seeds a run lists (per_seed); several runs of one seed each have a column apiece already.
     listed = any(len((r.get("per_seed") or {}).get(m, {}).get(s) or ()) > 1 for r in runs for m, s in rows)
@@ -619,12 +637,13 @@ def spread_table(runs: list[dict[str, Any]]) -> list[str]:
                  for key, values in seeds.items() if listed and values and len(values) > 1}
     chances = {key: chance_of(first, *key) for key in rows}
     show_chance = any(level is not None for level in chances.values())
-    head = ["model", "setting"] + [_column(r) for r in runs] + (["mean"] if several else []) + (
+    head = ["model", "setting"] + [_column(column[0]) for column in columns] + (["mean"] if several else []) + (
         ["per seed"] if listed else []) + (
         ["95% interval"] if intervals else []) + ["paper"] + ([chance_label(first)] if show_chance else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for model, setting in rows:
-        values = [r["results"].get(model, {}).get(setting) for r in runs]
+        values = [next((r["results"][model][setting] for r in column if setting in r["results"].get(model, {})),
+                       None) for column in columns]
         cells = [_cell(v) for v in values]
         mean = _row_value(runs, model, setting)
         if several:
@@ -654,7 +673,7 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
     runs = [run for run, _ in runs_and_sources]
     sources = [source for _, source in runs_and_sources]
     first = runs[0]
-    several = len(runs) > 1
+    several = len(runs) > 1  # of the wall times; the table's columns may be fewer (columns_of)
     lines = [
         f"## {first['experiment']} — `{first['scale']}`" + _budget_heading(first),
         "",
