@@ -116,7 +116,7 @@ def test_variance_scaling_matches_haiku_statistics():
     """Haiku's VarianceScaling(scale): truncated at 2 std of the underlying normal, variance scale/fan_in."""
     torch.manual_seed(0)
     linear = variance_scaling_(torch.nn.Linear(400, 300), 2.0)
-    w = linear.weight
+    w = linear.weight.detach()
     target_std = math.sqrt(2.0 / 400)
     assert abs(float(w.std()) / target_std - 1) < 0.02  # 120k draws: the variance is scale / fan_in
     assert float(w.abs().max()) <= 2 * target_std / 0.87962566103423978 + 1e-7  # truncated at 2 sigma
