@@ -266,6 +266,20 @@ def test_plot_grows_with_its_rows(tmp_path):
     assert heights[1] > 2 * heights[0]
 
 
+def test_plot_leaves_out_settings_no_run_measured(tmp_path, monkeypatch):
+    """The paper's rows for a setting we ran stay (a model we did not run included); a setting only the
+    paper has gets no row."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    results = {"experiment": "denoise", "scale": "quick", "results": {"lstm": {"T=100": 40.0, "T=200": 30.0}},
+               "paper": {"lstm": {"T=100": 50.0, "T=2000": 10.0}, "relevance-rnn": {"T=200": 99.0, "T=300": 98.0}}}
+    plot_results(results, tmp_path / "d.png", "%")
+    labels = [label.get_text() for label in figures[0].axes[0].get_yticklabels()]
+    assert labels == ["lstm — T=100", "lstm — T=200", "relevance-rnn — T=200"]
+
+
 def test_plot_marks_each_rows_chance_level(tmp_path, monkeypatch):
     """A dashed mark at each row's chance: its own experiment's in the tour, none where none is known."""
     import matplotlib.pyplot as plt

@@ -191,7 +191,9 @@ def plot_results(results: dict, path: Path, metric: str) -> None:
     """Horizontal bars, one group per (model, setting) labelled on the y axis: ours (solid) and, where
     the paper has a number, the paper's (hatched) beside it, and a dashed mark at the experiment's
     ``chance`` level where it has one (each row's own experiment's, in the tour). A value that is not a
-    number ("OOM") is written in place of its bar. The figure grows with the rows, so no label is clipped."""
+    number ("OOM") is written in place of its bar. A setting no run of ours measured (the paper's longer
+    Denoise lengths at quick) has no row: the table lists it, the figure shows what was run. The figure
+    grows with the rows, so no label is clipped."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -199,7 +201,8 @@ def plot_results(results: dict, path: Path, metric: str) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    rows = table_rows(results["results"], results["paper"])
+    measured = {setting for row in results["results"].values() for setting in row}
+    rows = [row for row in table_rows(results["results"], results["paper"]) if row[1] in measured]
     if not rows:
         return
     # The chance level is the experiment's (``chance_of``): the tour's rows ("experiment: model") each
