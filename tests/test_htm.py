@@ -619,6 +619,45 @@ def test_a_call_builds_its_new_chunks_once(shared_memory, memory_gradient, monke
     assert written.valid.any()  # chunks were committed
 
 
+@pytest.mark.parametrize("options", [{}, {"shared_memory": True, "window": 1}, {"extra_length": 2, "overlap": 1},
+                                     {"keep_across_episodes": True, "memory_norm": True}])
+def test_one_step_path_equals_the_general_path_with_gradients(options, monkeypatch):
+    """A one-step call takes ``HTMTransformer._step`` (the per-call layout of the general path is never
+    built) and gives, step after step with episode ends, the outputs, state and gradients (input,
+    parameters, across steps through the cache) of one call over the whole sequence (float64)."""
+    from chronomem import htm as htm_module
+
+    torch.manual_seed(15)
+    model = HTMTransformer(**{**SMALL, **options}).double()
+    B, N = 3, 14
+    x = torch.randn(B, N, 16, dtype=torch.float64, requires_grad=True)
+    done = torch.zeros(B, N, dtype=torch.bool)
+    done[0, 4] = done[1, 9] = done[2, 13] = True  # inside, and at the last step
+    weights = torch.randn(B, N, 16, dtype=torch.float64)
+    whole, state_whole = model(x, done=done)
+    grads_whole = torch.autograd.grad((whole * weights).sum(), [x, *model.parameters()])
+    general = htm_module.local_layout
+    monkeypatch.setattr(htm_module, "local_layout", lambda *a, **kw: pytest.fail("one step took the general path"))
+    state, steps = None, []
+    for t in range(N):
+        y, state = model(x[:, t : t + 1], state, done=done[:, t : t + 1])
+        steps.append(y)
+    stepped = torch.cat(steps, 1)
+    monkeypatch.setattr(htm_module, "local_layout", general)
+    torch.testing.assert_close(stepped, whole, atol=1e-10, rtol=0)
+    for got, want in zip(state.memories + state.caches, state_whole.memories + state_whole.caches, strict=True):
+        for name in ("keys", "contents", "slot_valid", "valid", "chunk_id", "fill", "committed") if not torch.is_tensor(
+                want) else ():
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-10, rtol=0)
+        if torch.is_tensor(want):
+            torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+    assert torch.equal(state.position, state_whole.position)
+    grads_stepped = torch.autograd.grad((stepped * weights).sum(), [x, *model.parameters()])
+    for got, want in zip(grads_stepped, grads_whole, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-9, rtol=0)
+    assert grads_whole[0][:, :4].abs().sum() > 0
+
+
 def test_registry_and_head():
     from chronomem.heads import build_model
     from chronomem.tasks.copy import CopyTask

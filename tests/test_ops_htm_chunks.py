@@ -102,8 +102,9 @@ def stored_memory(keep, overlap, generator, lengths=(15, 6, 2)):
 
 
 def test_commit_chunks_matches_the_reference():
-    """``commit_chunks`` (one scatter per field, only the newest M of a call's chunks kept) == putting
-    the valid chunks into the ring buffer one by one, more than M of them in a row included."""
+    """``commit_chunks`` (one indexed write per field, only the newest M of a call's chunks kept) ==
+    putting the valid chunks into the ring buffer one by one, more than M of them in a row included.
+    The fields stay contiguous (every step's read views the contents as ``[B * M, C, D]`` rows)."""
     g = torch.Generator().manual_seed(4)
     mem = stored_memory(False, 0, g)
     K = 7
@@ -117,6 +118,7 @@ def test_commit_chunks_matches_the_reference():
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
+        assert got[name].is_contiguous(), name
     assert commit_chunks(mem, NewChunks(*(t[:, :0] for t in chunks[:4]))) == {}  # no chunk: nothing changes
 
 

@@ -15,6 +15,7 @@ from chronomem.ops.htm_local import (
     local_layout,
     local_layout_reference,
     prefix_lengths,
+    step_layout,
 )
 
 torch.set_num_threads(1)
@@ -96,6 +97,22 @@ def test_local_layout_matches_the_reference(start, lengths, n, with_done, extra_
     want = local_layout_reference(position, lengths, n, window=W, extra_length=extra_length, cache=cache, done=done)
     assert torch.equal(as_dense(layout, n, cache), want)
     assert want.any()
+
+
+@pytest.mark.parametrize(("window", "extra_length"), [(4, 0), (4, 3), (1, 0), (5, 2)])
+def test_step_layout_matches_the_reference(window, extra_length):
+    """``step_layout`` (a one-step call, built directly) == the visibility rule for one query, at positions
+    before, at and after window starts, the episode's first steps included."""
+    cache = window - 1 + extra_length
+    position = torch.arange(0, 3 * window + 2)
+    layout = step_layout(position, window=window, extra_length=extra_length, cache=cache)
+    want = local_layout_reference(position, torch.ones_like(position), 1, window=window, extra_length=extra_length,
+                                  cache=cache)
+    assert torch.equal(as_dense(layout, 1, cache), want)
+    general = local_layout(position, torch.ones_like(position), 1, window=window, extra_length=extra_length,
+                           cache=cache)
+    assert torch.equal(as_dense(general, 1, cache), want)
+    assert not want[0, 0, :cache].any() and want[:, 0, cache].all()  # the first step sees itself alone
 
 
 @pytest.mark.parametrize("relative", [True, False])

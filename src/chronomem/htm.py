@@ -78,7 +78,9 @@ of ``chronomem.ops.htm_mix``'s kernels, chosen by ``read_impl``. The per-call bo
 call completes once (``call_chunks``), commits them into the ring buffer (``commit_chunks``) and masks
 what each query may read (``chunks_to_read``); ``ops.htm_local`` numbers a call's episodes once
 (``Episodes``), lays out the local attention (window by window for a call longer than a window,
-``LocalLayout``) and keeps the cache (``last_steps``).
+``LocalLayout``) and keeps the cache (``last_steps``). A one-step call without padding (an agent
+acting) skips that bookkeeping (``HTMTransformer._step``: its query reads every stored chunk, its local
+window is ``step_layout``'s); it is the same function, tested against the general path.
 """
 
 from __future__ import annotations
@@ -117,7 +119,15 @@ from chronomem.ops.htm_chunks import (
     commit_chunks,
     partial_chunk,
 )
-from chronomem.ops.htm_local import Episodes, LocalLayout, call_episodes, last_steps, local_layout, prefix_lengths
+from chronomem.ops.htm_local import (
+    Episodes,
+    LocalLayout,
+    call_episodes,
+    last_steps,
+    local_layout,
+    prefix_lengths,
+    step_layout,
+)
 from chronomem.ops.htm_mix import NEG, check_read_impl, mix_chunks
 from chronomem.registry import register_model
 
@@ -544,9 +554,12 @@ class HTMTransformer(nn.Module):
         if not isinstance(state, HTMTransformerState):
             raise TypeError(f"state must be an HTMTransformerState, got {type(state).__name__}")
         check_state_batch(state.position.shape[0], B)
+        done = check_done(done, (B, N))
+        if N == 1 and mask is None:  # an agent acting: the one-step path, the same function
+            return self._step(x, state, done)
         lengths = prefix_lengths(mask, B, N, x.device)
         # Episode ends inside the call, numbered once for the local windows, the memories and the state.
-        episodes = call_episodes(check_done(done, (B, N)), lengths, state.position, L)
+        episodes = call_episodes(done, lengths, state.position, L)
         # output_steps: the steps from `start` on are all that is read out. The last layer computes only
         # those queries (over the full context of keys and the same chunks). With one shared memory and a
         # window of one step (App. B.4) each query reads only itself and the memory, so every layer does.
@@ -588,6 +601,29 @@ class HTMTransformer(nn.Module):
         if mask is not None:
             x = x * mask[..., None].to(x.dtype)
         return x, new_state
+
+
+    def _step(self, x: Tensor, state: HTMTransformerState, done: Tensor | None):
+        """``forward`` of one step per row without padding (an agent acting), with the per-call
+        bookkeeping cut to what one step needs (the visibility rule of the module docstring, specialised):
+        the query reads every stored chunk (a chunk its own step completes is committed after it), the
+        local attention reads the visible cached steps (``ops.htm_local.step_layout``), the cache drops its
+        oldest step, and an episode end at the step is ``state.reset`` after it. The same outputs, state
+        and gradients as the general path (tests/test_htm.py)."""
+        cfg = self.config
+        one = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
+        local = step_layout(state.position, window=cfg.window, extra_length=cfg.extra_length, cache=self.cache_length)
+        memories, caches = [], []
+        for i, layer in enumerate(self.layers):
+            memory = state.memories[0 if cfg.shared_memory else i]
+            if i == 0 or not cfg.shared_memory:  # each layer stores its input (shared: the model's input)
+                memories.append(memory.write_chunks(x, one)[0])
+            chunks = ReadChunks(memory.keys, memory.contents, memory.slot_valid, memory.valid, None)
+            context = torch.cat([state.caches[i].to(x.dtype), x], 1)
+            caches.append(context[:, 1:])
+            x = layer(x, context, local, chunks)
+        new_state = HTMTransformerState(tuple(memories), tuple(caches), state.position + 1)
+        return x, new_state if done is None else new_state.reset(done[:, 0])
 
 
 @register_model("htm")

@@ -13,7 +13,7 @@ This module builds those chunks and the mask of what each query may read:
   episode ends, and a ``partial_chunk`` at each end. ``call_chunks_reference`` is a plain loop over the
   steps of each row.
 * ``commit_chunks``: the ring buffer after committing chunks in order (chunk number ``committed`` goes to
-  slot ``committed % M``, evicting the oldest) as one scatter per field; ``commit_chunks_reference``
+  slot ``committed % M``, evicting the oldest) as one indexed write per field; ``commit_chunks_reference``
   puts them one by one.
 * ``chunks_to_read``: the stored chunks and the call's new ones, with the per-query mask of the
   visibility rule (``chronomem.htm``'s module docstring). ``chunks_to_read_reference`` replays the ring
@@ -236,13 +236,17 @@ def commit_chunks(memory, chunks: NewChunks) -> dict[str, Tensor]:
     i = valid.long().cumsum(1) - 1  # commit rank of each valid chunk
     # Only the newest M of this call's chunks survive; the rest would be evicted at once.
     keep = valid & (i >= count[:, None] - M)
-    slot = torch.where(keep, (memory.committed[:, None] + i) % M, M)  # M = a scratch slot, dropped
     ids = memory.committed[:, None] + i
+    # The kept chunks of a row go to distinct slots (at most M of them, consecutive ids mod M), so one
+    # indexed write per field puts them all. The fields stay contiguous: the read gathers chunk rows from
+    # a [B * M, C, D] view of them at every step, which would otherwise copy the whole memory each time.
+    rows, j = keep.nonzero(as_tuple=True)
+    slot = ids[rows, j] % M
 
     def put(old: Tensor, new: Tensor) -> Tensor:
-        buf = torch.cat([old, old.new_zeros((B, 1) + tuple(old.shape[2:]))], dim=1)
-        index = slot.view(B, K, *([1] * (old.dim() - 2))).expand((B, K) + tuple(old.shape[2:]))
-        return buf.scatter(1, index, new.to(old.dtype)).narrow(1, 0, M)
+        out = old.clone()
+        out[rows, slot] = new[rows, j].to(old.dtype)
+        return out
 
     return {"keys": put(memory.keys, chunks.keys), "contents": put(memory.contents, chunks.contents),
             "slot_valid": put(memory.slot_valid, chunks.slots), "valid": put(memory.valid, keep),

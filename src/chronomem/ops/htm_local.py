@@ -13,8 +13,9 @@ docstring into indices and masks, once per call:
 * ``LocalLayout`` (``local_layout``): the local attention as blocks of queries and the keys they read,
   with a mask. When every row is at the same offset in its window and no episode ends in the call, a
   call longer than a window is cut into its windows (O(N * (W + E)) scores); otherwise one block holds
-  every query and every key. ``local_layout_reference`` is the rule itself as a dense mask, a loop over
-  queries and keys, and ``local_attention_reference`` the attention under it.
+  every query and every key. ``step_layout`` is the one-step call's layout (an agent acting), built
+  directly. ``local_layout_reference`` is the rule itself as a dense mask, a loop over queries and keys,
+  and ``local_attention_reference`` the attention under it.
 * ``last_steps``: the cache a call leaves, the last ``L`` valid steps of each row; ``last_steps_reference``.
 
 ``tests/test_ops_htm_local.py`` checks each against its reference.
@@ -206,6 +207,19 @@ def local_layout(position: Tensor, lengths: Tensor, n: int, *, window: int, extr
     if episodes is not None:  # only the query's own episode
         mask = mask & (episodes.episode[:, None, L:, None] == episodes.episode[:, None, None, :])
     return LocalLayout(o, q_call.clamp(0, n - 1) + L, k_index.clamp(0, L + n - 1), mask)
+
+
+def step_layout(position: Tensor, *, window: int, extra_length: int, cache: int) -> LocalLayout:
+    """``local_layout`` of a one-step call without padding or episode end (an agent acting), built
+    directly: one block, the query is the last context step and reads the cached step ``j`` (time
+    ``position - cache + j``) iff it is a real step (time >= 0) of the query's window, ``time >=
+    floor(position / W) * W - E``. The same layout as ``local_layout(position, ones, 1, ...)`` (tested
+    against ``local_layout_reference``), without the general case's index bookkeeping."""
+    time = position[:, None] + torch.arange(-cache, 1, device=position.device)[None, :]  # [B, cache + 1]
+    lo = torch.div(position, window, rounding_mode="floor") * window - extra_length
+    mask = (time >= 0) & (time >= lo[:, None])
+    index = torch.arange(cache + 1, device=position.device)[None, :]
+    return LocalLayout(0, index[:, cache:], index, mask[:, None, None, :])
 
 
 def local_layout_reference(position: Tensor, lengths: Tensor, n: int, *, window: int, extra_length: int,
