@@ -58,7 +58,8 @@ def weighted_sum(chunks_per_row, weights):
 def test_call_chunks_match_the_reference(overlap, dones):
     """``call_chunks`` (whole-chunk tensor ops, a loop over the distinct episode ends only) == a loop over
     the steps of each row: every committed chunk in order (contents, stored slots, key, the step that
-    commits it, its episode) and the accumulator after; with ``detach=False``, the gradients into the
+    commits it, its episode; with episode ends, each row's chunks first and no more columns than a row
+    has chunks) and the accumulator after; with ``detach=False``, the gradients into the
     steps and the incoming accumulator. Padded steps are not stored."""
     g = torch.Generator().manual_seed(overlap)
     acc = random_accumulator(overlap, g)
@@ -72,6 +73,9 @@ def test_call_chunks_match_the_reference(overlap, dones):
     want, want_after = call_chunks_reference(acc._replace(accumulator=acc_ref), x_ref, lengths, overlap,
                                              None if episodes is None else episodes.done)
     got = []
+    if done is not None:  # each row's chunks at the front, no column that no row needs
+        assert torch.equal(new.valid, torch.arange(new.valid.shape[1])[None] < new.valid.sum(1, keepdim=True))
+        assert new.valid.shape[1] == max(map(len, want))
     for b in range(B):
         committed = new.valid[b].nonzero().flatten().tolist()
         assert len(committed) == len(want[b]) > 0

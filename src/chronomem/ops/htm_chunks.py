@@ -178,8 +178,15 @@ def call_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int, epis
             pieces.append(partial._replace(end=torch.full_like(partial.valid, t, dtype=torch.long)))
             acc = acc.cleared(done[:, t])
         begin = t + 1
-    keys, contents, slots, valid, end = (torch.cat([getattr(piece, field) for piece in pieces], 1)
-                                         for field in ("keys", "contents", "slots", "valid", "end"))
+    fields = [torch.cat([getattr(piece, field) for piece in pieces], 1)
+              for field in ("keys", "contents", "slots", "valid", "end")]
+    # Each piece adds a column for every row, valid only for the rows whose chunk completes or whose
+    # episode ends there: move each row's valid chunks to the front, in commit order, and drop the
+    # columns no row needs (what a call reads grows with them).
+    valid = fields[3]
+    order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices[:, : int(valid.sum(1).max())]
+    keys, contents, slots, valid, end = (f.gather(1, order.view(*order.shape, *[1] * (f.dim() - 2)).expand(
+        *order.shape, *f.shape[2:])) for f in fields)
     episode = episodes.in_call.gather(1, end.clamp(0, N - 1))  # the episode of the step committing each chunk
     return NewChunks(keys, contents, slots, valid, end, episode), acc
 
