@@ -74,9 +74,9 @@ def test_episodes_match_the_reference(cache):
     [
         ([5, 5, 5], [11, 7, 11], 11, False),  # rows at one offset in their window, longer than a window: blocked
         ([0, 0, 0], [11, 11, 11], 11, False),
-        ([5, 2, 9], [11, 7, 11], 11, False),  # different offsets: one block
+        ([5, 2, 9], [11, 7, 11], 11, False),  # different offsets: blocks on the call's grid
         ([3, 3, 3], [3, 2, 3], 3, False),  # shorter than a window: one block
-        ([5, 2, 9], [11, 7, 11], 11, True),  # episode ends inside the call: one block
+        ([5, 2, 9], [11, 7, 11], 11, True),  # episode ends inside the call: blocks on the call's grid
     ],
 )
 @pytest.mark.parametrize("extra_length", [0, 3])
@@ -92,8 +92,9 @@ def test_local_layout_matches_the_reference(start, lengths, n, with_done, extra_
         episodes = call_episodes(done, lengths, position, cache)
         done = episodes.done
     layout = local_layout(position, lengths, n, window=W, extra_length=extra_length, cache=cache, episodes=episodes)
-    blocked = start[0] == start[1] == start[2] and n > W and not with_done
-    assert (layout.queries.shape[0] > 1) == blocked
+    windows = start[0] == start[1] == start[2] and not with_done  # the blocks are the windows
+    keys_per_block = cache + n if n <= W else (W + extra_length if windows else 2 * W - 1 + extra_length)
+    assert (layout.queries.shape[0] > 1) == (n > W) and layout.keys.shape[1] == keys_per_block
     want = local_layout_reference(position, lengths, n, window=W, extra_length=extra_length, cache=cache, done=done)
     assert torch.equal(as_dense(layout, n, cache), want)
     assert want.any()

@@ -178,9 +178,13 @@ def local_layout(position: Tensor, lengths: Tensor, n: int, *, window: int, extr
     ``position [B]``, ``lengths [B]`` of them valid; ``episodes`` (with episode ends inside the call)
     gives the position and the episode of every context step instead.
 
-    When every row is at the same offset in its window, no episode ends inside the call and the
-    call is longer than a window, the queries are cut into their windows of W and each window reads
-    only its W + E keys. Otherwise one block holds every query and every key ([n, cache + n]).
+    A call longer than a window is cut into blocks of W consecutive queries. When every row is at the
+    same offset in its window and no episode ends inside the call, the blocks are the windows and each
+    reads only its W + E keys. Otherwise (rows at different offsets, episode ends, which restart a
+    row's windows) block j holds the queries at call indices ``[j*W, (j+1)*W)`` and reads the ``W - 1 +
+    E`` steps before them too, the most any of them may see (``floor(t/W)*W - E >= t - (W - 1) - E``):
+    ``2W - 1 + E`` keys, the rule in the mask. A call of at most W steps is one block of every query and
+    every key ([n, cache + n]).
     """
     W, E, L, device = window, extra_length, cache, position.device
     offset = position % W
@@ -191,22 +195,28 @@ def local_layout(position: Tensor, lengths: Tensor, n: int, *, window: int, extr
         # window j starts at call index j*W - o; it reads E earlier steps: context index + L - E
         k_index = (torch.arange(blocks, device=device)[:, None] * W - o + L - E
                    + torch.arange(W + E, device=device)[None, :])  # [G, W + E]
+    elif n > W:  # blocks on the call's own grid, each with the W - 1 + E steps before it
+        o, blocks = 0, (n + W - 1) // W
+        q_call = torch.arange(blocks * W, device=device).view(blocks, W)
+        k_index = q_call[:, :1] + L - (W - 1) - E + torch.arange(2 * W - 1 + E, device=device)[None, :]
     else:
         o, q_call = 0, torch.arange(n, device=device)[None, :]
         k_index = torch.arange(L + n, device=device)[None, :]
+    queries, keys = q_call.clamp(0, n - 1) + L, k_index.clamp(0, L + n - 1)  # context indices
     if episodes is None:
         key_pos = position[:, None, None] + k_index[None] - L  # [B, G, Wk]
         q_pos = position[:, None, None] + q_call[None]  # [B, G, Wq]
-    else:  # one block: the keys are the whole context, the queries its last n steps
-        key_pos, q_pos = episodes.position[:, None, :], episodes.position[:, None, L:]
-    key_ok = (key_pos >= 0) & (k_index[None] - L < lengths[:, None, None]) & (k_index[None] < L + n)
+    else:  # each step's own time since its episode began
+        key_pos, q_pos = episodes.position[:, keys], episodes.position[:, queries]
+    key_ok = ((key_pos >= 0) & (k_index[None] >= 0) & (k_index[None] - L < lengths[:, None, None])
+              & (k_index[None] < L + n))
     q_ok = (q_call >= 0) & (q_call < n)
     lo = torch.div(q_pos, W, rounding_mode="floor") * W - E
     kp = key_pos[:, :, None, :]
     mask = key_ok[:, :, None, :] & q_ok[None, :, :, None] & (kp <= q_pos[..., None]) & (kp >= lo[..., None])
     if episodes is not None:  # only the query's own episode
-        mask = mask & (episodes.episode[:, None, L:, None] == episodes.episode[:, None, None, :])
-    return LocalLayout(o, q_call.clamp(0, n - 1) + L, k_index.clamp(0, L + n - 1), mask)
+        mask = mask & (episodes.episode[:, queries][..., None] == episodes.episode[:, keys][:, :, None, :])
+    return LocalLayout(o, queries, keys, mask)
 
 
 def step_layout(position: Tensor, *, window: int, extra_length: int, cache: int) -> LocalLayout:
