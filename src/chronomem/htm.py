@@ -77,7 +77,7 @@ of ``chronomem.ops.htm_mix``'s kernels, chosen by ``read_impl``. The per-call bo
 ``chronomem.ops``, each fast path beside a naive reference: ``ops.htm_chunks`` builds the chunks a
 call completes once (``call_chunks``), commits them into the ring buffer (``commit_chunks``) and masks
 what each query may read (``chunks_to_read``); ``ops.htm_local`` numbers a call's episodes once
-(``Episodes``), lays out the local attention (window by window for a call longer than a window,
+(``Episodes``), lays out the local attention (in blocks of a window for a call longer than a window,
 ``LocalLayout``) and keeps the cache (``last_steps``). A one-step call without padding (an agent
 acting) skips that bookkeeping (``HTMTransformer._step``: its query reads every stored chunk, its local
 window is ``step_layout``'s); it is the same function, tested against the general path.

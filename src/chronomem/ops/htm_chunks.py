@@ -9,9 +9,9 @@ This module builds those chunks and the mask of what each query may read:
   tensor ops (no loop over steps).
 * ``partial_chunk``: the chunk being filled, committed early at an episode end (empty slots masked).
 * ``call_chunks``: every chunk a call commits, in commit order, with the step that commits it and that
-  step's episode: ``complete_chunks`` on the pieces between the distinct steps at which some row's
-  episode ends, and a ``partial_chunk`` at each end. ``call_chunks_reference`` is a plain loop over the
-  steps of each row.
+  step's episode: ``complete_chunks`` without episode ends; with them, every step's offset in its
+  episode's stream says whether a chunk (full, or partial at an end) ends there, all steps at once.
+  ``call_chunks_reference`` is a plain loop over the steps of each row.
 * ``commit_chunks``: the ring buffer after committing chunks in order (chunk number ``committed`` goes to
   slot ``committed % M``, evicting the oldest) as one indexed write per field; ``commit_chunks_reference``
   puts them one by one.
@@ -152,43 +152,75 @@ def call_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int, epis
     """Every chunk a call commits when it appends the first ``lengths[b]`` steps of ``x [B, N, D]`` to
     ``acc``, in commit order, each built once, and the accumulator after the call.
 
-    With ``episodes`` (episode ends inside the call) the chunks are built episode piece by episode
-    piece: only the accumulator carries from piece to piece; at an end the partial chunk is committed
-    and the row's accumulator emptied, as ``HierarchicalMemory.end_episode`` does. The loop runs only
-    over the distinct steps at which some row's episode ends. The accumulator goes from piece to piece
-    with its graph, so with ``detach=False`` a chunk that spans another row's episode end passes its
-    gradient to all its steps, as ``call_chunks_reference`` does (the caller detaches the accumulator it
-    stores in the state).
+    Without episode ends this is ``complete_chunks``. With ``episodes`` (episode ends inside the call),
+    each row's stream restarts after each end: at an end the partial chunk is committed (when it holds
+    a step not yet in memory) and the accumulator emptied, as ``HierarchicalMemory.end_episode`` does.
+    Every step then commits at most one chunk (a full one, or the partial one at an end), so the chunks
+    are found step by step with whole-call tensor ops, no loop: each step's offset in its episode's
+    stream (the first episode's stream begins with the accumulator) says whether a chunk ends there, and
+    where it begins. Each row's chunks are then moved to the front, in commit order; there are as many
+    columns as the row with the most chunks needs. With ``detach=False`` every chunk and the accumulator
+    keep the graph of the steps (and incoming accumulator) they hold.
     """
     if episodes is None:
         return complete_chunks(acc, x, lengths, overlap, detach)
-    N = x.shape[1]
+    if detach:
+        x = x.detach()  # Section 2: stop gradients flowing into the memory
+    B, N, D = x.shape
+    C = acc.accumulator.shape[1]
+    s = C - overlap
     done = episodes.done
-    ends = done.any(0).nonzero().flatten().tolist()
-    begin, pieces = 0, []
-    for t, episode_end in [*((t, True) for t in ends), (N - 1, False)]:
-        if begin > t:  # the last episode end was at the call's last step
-            break
-        new, filled = complete_chunks(acc, x[:, begin : t + 1], (lengths - begin).clamp(0, t + 1 - begin),
-                                      overlap, detach)
-        pieces.append(new._replace(end=new.end + begin))
-        acc = filled  # with its graph: another row's episode end must not cut this row's gradients
-        if episode_end:  # some rows' episode ends after step t: commit the partial chunk, restart
-            partial = partial_chunk(filled, done[:, t])
-            pieces.append(partial._replace(end=torch.full_like(partial.valid, t, dtype=torch.long)))
-            acc = acc.cleared(done[:, t])
-        begin = t + 1
-    fields = [torch.cat([getattr(piece, field) for piece in pieces], 1)
-              for field in ("keys", "contents", "slots", "valid", "end")]
-    # Each piece adds a column for every row, valid only for the rows whose chunk completes or whose
-    # episode ends there: move each row's valid chunks to the front, in commit order, and drop the
-    # columns no row needs (what a call reads grows with them).
-    valid = fields[3]
-    order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices[:, : int(valid.sum(1).max())]
-    keys, contents, slots, valid, end = (f.gather(1, order.view(*order.shape, *[1] * (f.dim() - 2)).expand(
-        *order.shape, *f.shape[2:])) for f in fields)
-    episode = episodes.in_call.gather(1, end.clamp(0, N - 1))  # the episode of the step committing each chunk
-    return NewChunks(keys, contents, slots, valid, end, episode), acc
+    t = torch.arange(N, device=x.device)[None, :]
+    # Each step's episode stream: it begins after the last end before the step (a), and in the call's
+    # first episode with the accumulator's f0 = fill steps; u = the step's offset in it.
+    last_end = torch.where(done, t, -1).cummax(1).values
+    first = torch.cat([last_end.new_full((B, 1), -1), last_end[:, :-1]], 1) < 0  # in the first episode
+    a = torch.cat([last_end.new_zeros(B, 1), last_end[:, :-1] + 1], 1)
+    f0 = torch.where(first, acc.fill[:, None], 0)
+    u = f0 + t - a
+    full_so_far = torch.where(u + 1 >= C, torch.div(u + 1 - C, s, rounding_mode="floor") + 1, 0)
+    carried = torch.where(full_so_far > 0, overlap, torch.where(first, acc.carried[:, None], 0))
+    real = t < lengths[:, None]
+    full = real & (u + 1 >= C) & ((u + 1 - C) % s == 0)  # chunk i = stream [i*s, i*s + C) ends here
+    partial_start = full_so_far * s
+    partial = done & (u + 1 - partial_start > carried) & ~full  # the episode ends with fresh steps
+    commits = full | partial
+    chunk_start = torch.where(full, u + 1 - C, partial_start)
+    chunk_length = torch.where(full, C, u + 1 - partial_start)
+
+    source = torch.cat([acc.accumulator, x, x.new_zeros(B, 1, D)], 1)  # the zero row: empty slots
+
+    def stream_index(offset: Tensor, first: Tensor, a: Tensor, f0: Tensor, used: Tensor) -> Tensor:
+        """Index into ``source`` of stream offsets ``offset``: the accumulator's steps, then the call's."""
+        index = torch.where(first & (offset < f0), offset, C + a + offset - f0)
+        return torch.where(used, index, C + N)
+
+    # The chunks, each row's first, in commit order (a stable sort keeps the steps' order).
+    order = torch.sort((~commits).to(torch.uint8), dim=1, stable=True).indices[:, : int(commits.sum(1).max())]
+    valid, length = commits.gather(1, order), chunk_length.gather(1, order)
+    j = torch.arange(C, device=x.device)
+    slots = valid[..., None] & (j < length[..., None])  # [B, K, C]
+    index = stream_index(chunk_start.gather(1, order)[..., None] + j, first.gather(1, order)[..., None],
+                         a.gather(1, order)[..., None], f0.gather(1, order)[..., None], slots)
+    K = order.shape[1]
+    contents = source.gather(1, index.view(B, K * C, 1).expand(B, K * C, D)).view(B, K, C, D)
+    keys = contents.sum(2) / length.clamp_min(1)[..., None].to(contents.dtype)  # the mean of the stored steps
+    new = NewChunks(keys, contents, slots, valid, order, episodes.in_call.gather(1, order))
+
+    # The accumulator after: what the last real step's episode has not committed (nothing if it ended).
+    last = (lengths - 1).clamp_min(0)[:, None]
+    ended = done.gather(1, last)[:, 0] | (lengths == 0)
+    fill = torch.where(ended, 0, (u + 1 - full_so_far * s).gather(1, last)[:, 0])
+    kept = j[None, :] < fill[:, None]
+    index = stream_index((full_so_far * s).gather(1, last) + j, first.gather(1, last), a.gather(1, last),
+                         f0.gather(1, last), kept)
+    accumulator = source.gather(1, index[..., None].expand(B, C, D))
+    filled = Accumulator(accumulator, fill, torch.where(ended, 0, torch.minimum(carried.gather(1, last)[:, 0], fill)))
+    empty = lengths == 0  # no step appended: the accumulator as it was
+    if bool(empty.any()):
+        filled = Accumulator(torch.where(empty[:, None, None], acc.accumulator, filled.accumulator),
+                             torch.where(empty, acc.fill, filled.fill), torch.where(empty, acc.carried, filled.carried))
+    return new, filled
 
 
 def call_chunks_reference(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int,
