@@ -24,6 +24,7 @@ SCALE_TABLES = {
     "copy-baselines": copy.SCALES, "ballet": htm.BALLET_SCALES, "pai": htm.PAI_SCALES, "listops": listops.SCALES,
     "listops-length": listops.SCALES, "transfer-copy": relevance.TRANSFER_SCALES,
     "denoise": relevance.DENOISE_SCALES, "lm": lm.SCALES, "resolution-transfer": images.SCALES,
+    "resolution-transfer-learned": images.SCALES,
     "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES, "ballet-rl": ballet_rl.SCALES,
     "popgym": popgym.SCALES, "minigrid-transfer": minigrid.SCALES,
 }
