@@ -602,7 +602,6 @@ class HTMTransformer(nn.Module):
             x = x * mask[..., None].to(x.dtype)
         return x, new_state
 
-
     def _step(self, x: Tensor, state: HTMTransformerState, done: Tensor | None):
         """``forward`` of one step per row without padding (an agent acting), with the per-call
         bookkeeping cut to what one step needs (the visibility rule of the module docstring, specialised):

@@ -266,9 +266,8 @@ def commit_chunks(memory, chunks: NewChunks) -> dict[str, Tensor]:
     """The fields of ``memory`` (a ``chronomem.htm.HierarchicalMemory``) that change when the valid
     ``chunks`` (``keys``, ``contents``, ``slots``, ``valid``; in commit order) are put into its ring
     buffer: ``keys``, ``contents``, ``slot_valid``, ``valid``, ``chunk_id`` and ``committed``."""
-    B, M = memory.valid.shape
-    K = chunks.valid.shape[1]
-    if K == 0:
+    M = memory.valid.shape[1]
+    if chunks.valid.shape[1] == 0:
         return {}
     valid = chunks.valid
     count = valid.sum(1)  # [B]

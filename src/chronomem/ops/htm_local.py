@@ -11,9 +11,10 @@ docstring into indices and masks, once per call:
   layout, the memory's chunks and the state after the call all read this one numbering.
   ``episodes_reference`` numbers the steps with a plain loop.
 * ``LocalLayout`` (``local_layout``): the local attention as blocks of queries and the keys they read,
-  with a mask. When every row is at the same offset in its window and no episode ends in the call, a
-  call longer than a window is cut into its windows (O(N * (W + E)) scores); otherwise one block holds
-  every query and every key. ``step_layout`` is the one-step call's layout (an agent acting), built
+  with a mask. A call longer than a window is cut into blocks of W queries: its windows (W + E keys
+  each) when every row is at the same offset in its window and no episode ends in the call, else
+  blocks on the call's grid (2W - 1 + E keys each); O(N * W) scores either way. A shorter call is one
+  block of every query and every key. ``step_layout`` is the one-step call's layout (an agent acting), built
   directly. ``local_layout_reference`` is the rule itself as a dense mask, a loop over queries and keys,
   and ``local_attention_reference`` the attention under it.
 * ``last_steps``: the cache a call leaves, the last ``L`` valid steps of each row; ``last_steps_reference``.
