@@ -13,6 +13,7 @@ from chronomem.ops import htm_chunks
 from chronomem.ops.htm_grouped import tile_pairs
 from chronomem.ops.htm_local import local_layout
 from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, READ_IMPLS
+from contract import assert_same_state
 from helpers import assert_same_gradients
 
 torch.set_num_threads(1)
@@ -645,13 +646,7 @@ def test_one_step_path_equals_the_general_path_with_gradients(options, monkeypat
     stepped = torch.cat(steps, 1)
     monkeypatch.setattr(htm_module, "local_layout", general)
     torch.testing.assert_close(stepped, whole, atol=1e-10, rtol=0)
-    for got, want in zip(state.memories + state.caches, state_whole.memories + state_whole.caches, strict=True):
-        for name in ("keys", "contents", "slot_valid", "valid", "chunk_id", "fill", "committed") if not torch.is_tensor(
-                want) else ():
-            torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-10, rtol=0)
-        if torch.is_tensor(want):
-            torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
-    assert torch.equal(state.position, state_whole.position)
+    assert_same_state(state, state_whole, atol=1e-10)
     grads_stepped = torch.autograd.grad((stepped * weights).sum(), [x, *model.parameters()])
     for got, want in zip(grads_stepped, grads_whole, strict=True):
         torch.testing.assert_close(got, want, atol=1e-9, rtol=0)

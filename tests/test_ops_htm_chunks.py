@@ -56,8 +56,8 @@ def weighted_sum(chunks_per_row, weights):
 @pytest.mark.parametrize("overlap", [0, 1, 2])
 @pytest.mark.parametrize("dones", ["none", "shared", "random"])
 def test_call_chunks_match_the_reference(overlap, dones):
-    """``call_chunks`` (whole-chunk tensor ops, a loop over the distinct episode ends only) == a loop over
-    the steps of each row: every committed chunk in order (contents, stored slots, key, the step that
+    """``call_chunks`` (whole-chunk tensor ops; with episode ends, every step's chunk at once) == a loop
+    over the steps of each row: every committed chunk in order (contents, stored slots, key, the step that
     commits it, its episode; with episode ends, each row's chunks first and no more columns than a row
     has chunks) and the accumulator after; with ``detach=False``, the gradients into the
     steps and the incoming accumulator. Padded steps are not stored."""
