@@ -10,9 +10,9 @@ share of envs.step, of acting and of learning, from the loop's own ``seconds_env
 
 "before" is frozen here as the experiments' quick settings were (16 environments stepped by
 Gymnasium's ``SyncVectorEnv``, paper 001's CNN and a reconstruction of every step on Ballet). "after"
-is read from ``popgym``'s and ``minigrid-transfer``'s ``SCALES["quick"]`` as the code has them now; for
-Ballet it is ``BALLET_CPU`` below, the CPU-sized agent of docs/rl.md ("A Ballet agent sized for a
-CPU"): 64 native envs, the per-cell encoder, one step in 8 reconstructed.
+is read from ``ballet-rl``'s, ``popgym``'s and ``minigrid-transfer``'s ``SCALES["quick"]`` as the code has
+them now; on Ballet that is the CPU-sized agent of docs/rl.md ("A Ballet agent sized for a CPU"): 64
+native envs, the per-cell encoder, one step in 8 reconstructed.
 
     python benchmarks/agent_throughput.py [--envs ballet popgym doorkey] [--cores lstm htm ...]
                                           [--updates 2] [--json out.json]
@@ -48,15 +48,15 @@ BEFORE = {
                    update_epochs=4, lr=5e-4, vectorization="sync"),
     "doorkey": dict(dim=64, hidden=64, num_envs=16, num_steps=128, num_minibatches=8, vectorization="sync"),
 }
-# ballet-rl's quick PPO settings with the CPU-sized agent (docs/rl.md, "A Ballet agent sized for a CPU").
-BALLET_CPU = {**{k: v for k, v in BEFORE["ballet"].items() if k != "vectorization"},
-              "num_envs": 64, "visual": "cells", "reconstruct_every": 8}
 
 
 def after_settings(env: str) -> dict:
-    """Today's settings for ``env``: the CPU-sized Ballet agent, the quick scale of the others' experiment."""
+    """Today's settings for ``env``: the quick scale of its experiment (on Ballet the CPU-sized agent,
+    docs/rl.md "A Ballet agent sized for a CPU")."""
     if env == "ballet":
-        return dict(BALLET_CPU)
+        from chronomem.experiments.ballet_rl import SCALES
+
+        return dict(SCALES["quick"].ppo)
     if env == "popgym":
         from chronomem.experiments.popgym import SCALES
 
