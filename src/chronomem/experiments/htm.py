@@ -221,7 +221,7 @@ PAI = register_experiment(
         "(paper 001 Fig. 6b).",
         run=_pai,
         paper={"htm": {"length 3": 97.5}},
-        metric="test accuracy (%) on the indirect (A -> C) query, mean over seeds",
+        metric="test accuracy (%) per query (length 3: the indirect A -> C; direct: A -> B), mean over seeds",
         paper_source="paper 001 Fig. 6b (HTM 97.5%; MEMO's task, Banino et al. 2020)",
         chance=50.0,  # one of the two choices
         # Fig. 6b: HTM 97.5% on length 3, above the models it is compared with; here a Transformer over
