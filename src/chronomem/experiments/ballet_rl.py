@@ -168,10 +168,11 @@ BALLET_RL = register_experiment(
         paper_source="paper 001 Table 3 (IMPALA agents, mean of 3 runs, evaluations in the last 1% of training)",
         notes="Ours: PPO (not IMPALA/V-trace), one evaluation after training of `eval_episodes` episodes per "
         "level, actions sampled; a time-out counts as a failure (as in the paper). Chance is 1/n (50% with 2 "
-        "dancers, 12.5% with 8). Quick: symbolic observations and CPU-sized agents; paper: pixels and the "
-        "paper's sizes. learning_curves.png: mean return of the training episodes (the level mixture) against "
-        "frames, mean over seeds with a band from the lowest to the highest seed; dashed, the return of walking "
-        "onto a random dancer (the mixture's mean of 1/n).",
+        "dancers, 12.5% with 8). Quick: symbolic observations, 64 natively batched envs and CPU-sized agents "
+        "(deviations: the per-cell vision, one step in 8 reconstructed; docs/rl.md, 'A Ballet agent sized for "
+        "a CPU'); paper: pixels and the paper's sizes. learning_curves.png: mean return of the training "
+        "episodes (the level mixture) against frames, mean over seeds with a band from the lowest to the "
+        "highest seed; dashed, the return of walking onto a random dancer (the mixture's mean of 1/n).",
         chance={level: 100 / parse_level(level)[0] for level in LEVELS},
         # Table 3 on the 8-dancer levels: HTM 98.1 / 97.2, above Transformer-XL 65.7 / 49.2, above the LSTM
         # 25.2 / 29.7.
