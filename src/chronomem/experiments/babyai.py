@@ -78,7 +78,7 @@ def _scales(levels: tuple[str, ...], quick_levels: tuple[str, ...], quick_episod
     return {"smoke": smoke, "quick": quick, "paper": paper}
 
 
-SCALES = _scales(("BossLevel",), ("GoToSeq",), quick_episodes=200, quick_seeds=6, quick_eval_every=500)
+SCALES = _scales(("BossLevel",), ("GoToSeq",), quick_episodes=200, quick_seeds=4, quick_eval_every=500)
 MULTI_SCALES = _scales(MULTI_TASK, MULTI_TASK, quick_episodes=10, quick_seeds=3, quick_eval_every=400)
 
 
