@@ -59,15 +59,17 @@ class BabyAIScale(Scale):
     eval_max_steps: int | None = None  # cap on an evaluation episode (smoke only; None: the level's limit)
 
 
-def _scales(levels: tuple[str, ...], quick_levels: tuple[str, ...], quick_episodes: int) -> dict[str, BabyAIScale]:
+def _scales(levels: tuple[str, ...], quick_levels: tuple[str, ...], quick_episodes: int,
+            quick_seeds: int, quick_eval_every: int) -> dict[str, BabyAIScale]:
     multi = len(levels) > 1
     smoke = BabyAIScale(levels=("GoToObj", "GoToLocal") if multi else ("GoToLocal",), demos=12, held_out=2,
                         steps=4, batch_size=4, lr=1e-3, eval_examples=2, eval_every=2, episodes=3, seeds=2,
                         dim=16, depth=2, num_heads=2, chunk_size=4, num_state=2, eval_max_steps=8)
-    # Sized by measurement (docs/babyai.md, "Sizing quick"): about 75 minutes on 2 cores with --jobs 2.
+    # Sized by measurement (docs/babyai.md, "Sizing quick"); the one-level scale's seeds and episodes by the
+    # noise of its first run (docs/babyai.md, "How many seeds and episodes").
     quick = BabyAIScale(levels=quick_levels, demos=3000 // len(quick_levels), held_out=50 // len(quick_levels) + 1,
-                        steps=2000, batch_size=16, lr=5e-4, warmup=100, eval_examples=50, eval_every=400,
-                        episodes=quick_episodes, seeds=3, dim=64, depth=2)
+                        steps=2000, batch_size=16, lr=5e-4, warmup=100, eval_examples=50, eval_every=quick_eval_every,
+                        episodes=quick_episodes, seeds=quick_seeds, dim=64, depth=2)
     # Paper 003 gives no demo count in the text we have; BabyAI's bot-demo sets (Chevalier-Boisvert et al.
     # 2019) hold 1M episodes for BossLevel: 100k per level here, a GPU-sized budget.
     paper = BabyAIScale(levels=levels, demos=100_000, held_out=500, steps=100_000, batch_size=64, lr=3e-4,
@@ -76,8 +78,8 @@ def _scales(levels: tuple[str, ...], quick_levels: tuple[str, ...], quick_episod
     return {"smoke": smoke, "quick": quick, "paper": paper}
 
 
-SCALES = _scales(("BossLevel",), ("GoToSeq",), quick_episodes=50)
-MULTI_SCALES = _scales(MULTI_TASK, MULTI_TASK, quick_episodes=10)
+SCALES = _scales(("BossLevel",), ("GoToSeq",), quick_episodes=200, quick_seeds=4, quick_eval_every=500)
+MULTI_SCALES = _scales(MULTI_TASK, MULTI_TASK, quick_episodes=10, quick_seeds=3, quick_eval_every=400)
 
 
 def cache_dir() -> Path:
