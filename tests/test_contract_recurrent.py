@@ -1,11 +1,11 @@
 """The agent contract (docs/design.md) for the recurrent cores: LSTM, RelevanceRNN / RelevanceLSTM,
-MemRNN / MemLSTM. Episode ends inside a call == resets between calls, any split == one call, states
+MemRNN / MemLSTM, and the memoryless core (``mlp``), for which it holds trivially. Episode ends inside a call == resets between calls, any split == one call, states
 split and join along the batch, and a bad ``done`` is a clear error. float64 throughout."""
 
 import pytest
 import torch
 
-from chronomem.baselines import LSTM
+from chronomem.baselines import LSTM, Memoryless
 from chronomem.layers import concat_states
 from chronomem.relevance import MemLSTM, MemRNN, RelevanceLSTM, RelevanceRNN
 from contract import (
@@ -19,7 +19,7 @@ from contract import (
 torch.set_num_threads(1)
 
 DIM, BATCH, STEPS = 3, 4, 15
-CORES = ["lstm", "relevance-rnn", "relevance-lstm", "mem-rnn", "mem-lstm"]
+CORES = ["lstm", "relevance-rnn", "relevance-lstm", "mem-rnn", "mem-lstm", "mlp"]
 
 
 def make(name: str, seed: int = 0):
@@ -28,6 +28,8 @@ def make(name: str, seed: int = 0):
     torch.manual_seed(seed)
     if name == "lstm":
         return LSTM(dim=DIM, hidden=4, depth=2).double()
+    if name == "mlp":
+        return Memoryless(dim=DIM, depth=2).double()
     cls = {"relevance-rnn": RelevanceRNN, "relevance-lstm": RelevanceLSTM, "mem-rnn": MemRNN,
            "mem-lstm": MemLSTM}[name]
     options = {"buffer_size": 2, "relevant_size": 2} if cls in (RelevanceRNN, RelevanceLSTM) else {}
@@ -156,3 +158,20 @@ def test_mem_state_spans_the_current_episodes_only(name):
                 start = t - t % length
                 alone, _ = core(x[b : b + 1, start : t + 1])
                 torch.testing.assert_close(y[b, 0], alone[0, -1], atol=1e-12, rtol=0)
+
+
+def test_memoryless_sees_each_step_alone():
+    """The memoryless core's output at step t is that of step t run alone, whatever came before and
+    whatever the state; so an agent on it cannot tell two histories that end in the same observation."""
+    core = make("mlp")
+    x, done, _ = inputs(8)
+    with torch.no_grad():
+        y, state = core(x, done=done)
+        alone = torch.cat([core(x[:, t : t + 1])[0] for t in range(STEPS)], dim=1)
+        torch.testing.assert_close(y, alone, atol=1e-12, rtol=0)
+        other = x.clone()
+        other[:, :-1] = torch.randn_like(other[:, :-1])  # another history, the same last step
+        torch.testing.assert_close(core(other, state=state)[0][:, -1], y[:, -1], atol=1e-12, rtol=0)
+    assert state.rows.shape == (BATCH, 0)
+    with pytest.raises(TypeError, match="NoMemory"):
+        core(x, state=LSTM(dim=DIM).init_state(BATCH))

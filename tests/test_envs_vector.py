@@ -138,6 +138,19 @@ def test_every_level_equals_sync_over_ballet_env(level):
     assert during["truncated"] == 4 and during["limits"] == {cue // 2}, during
 
 
+def test_any_dancer_control_equals_sync_and_pays_every_contact():
+    """The control (``-any`` ids): the native env equals ``BalletEnv(any_dancer=True)`` step for step,
+    and every contact pays 1, where the same episodes of the level pay only the target's."""
+    n, delay = parse_level("4_delay16")
+    short = {"max_steps": cue_step(n, delay) + 8}
+    control = play(ballet_id("4_delay16", "symbolic", any_dancer=True), 6, 300, seed=2, **short)
+    level = play(ballet_id("4_delay16", "symbolic"), 6, 300, seed=2, **short)
+    assert control["other"] == 0 and control["target"] > 0, control
+    assert level["other"] > 0 and control["target"] == level["target"] + level["other"], (control, level)
+    with pytest.raises(ValueError, match="any_dancer"):
+        ballet_id(MIXTURE, "symbolic", any_dancer=True)
+
+
 def test_mixture_equals_sync_over_ballet_mixture():
     natural = play(ballet_id(MIXTURE, "symbolic"), 8, 1100, seed=4)
     assert natural["target"] and natural["other"] and natural["truncated"], natural

@@ -10,7 +10,18 @@ import torch
 
 from chronomem.envs.make import make_vector_env
 from chronomem.registry import MODELS, _load
-from chronomem.rl.ppo import Args, Rollout, collect, differentiable_on_cudnn, gae, make_agent, obs_map, replay, train
+from chronomem.rl.ppo import (
+    Args,
+    Rollout,
+    StallWatch,
+    collect,
+    differentiable_on_cudnn,
+    gae,
+    make_agent,
+    obs_map,
+    replay,
+    train,
+)
 
 pytest.importorskip("gymnasium")
 torch.set_num_threads(1)
@@ -228,6 +239,61 @@ def test_same_step_autoreset_and_truncation_bootstrap():
         shifted.values[b, t + 1] += 10.0
     changed, _ = gae(shifted, 0.99, 0.95)
     torch.testing.assert_close(changed[done], advantages[done])
+
+
+def test_timeout_as_failure_ends_the_return_at_the_time_limit():
+    """``timeout="failure"``: the same actions and episodes, every truncation stored as a termination,
+    so GAE bootstraps nothing there (the return ends with what the env paid)."""
+    rollouts = []
+    for timeout in ("truncation", "failure"):
+        agent, envs = agent_and_envs("lstm", seed=3)
+        torch.manual_seed(0)
+        obs, _ = envs.reset(seed=[1, 2, 3, 4])
+        rollouts.append(collect(agent, envs, obs, agent.initial_state(4), 16, timeout=timeout)[0])
+        envs.close()
+    bootstrapped, failed = rollouts
+    assert bootstrapped.truncated.any() and not failed.truncated.any()
+    torch.testing.assert_close(failed.actions, bootstrapped.actions)
+    assert torch.equal(failed.terminated, bootstrapped.terminated | bootstrapped.truncated)
+    assert (failed.final_values == 0).all()
+    returns = gae(failed, 0.99, 0.95)[1]
+    ends = bootstrapped.truncated
+    torch.testing.assert_close(returns[ends], failed.rewards[ends])  # lambda-return at an end: the reward alone
+    with pytest.raises(ValueError, match="--timeout must be one of truncation, failure"):
+        tiny_args(timeout="never")
+
+
+def test_stall_watch_needs_a_low_kl_streak_and_a_flat_return():
+    watch = StallWatch(updates=4, kl=1e-4)
+    assert not any(watch.step(1e-5, [0.5, 0.5]) for _ in range(3))
+    assert not watch.step(1e-3, [0.5, 0.5])  # a moving update breaks the streak
+    assert not any(watch.step(1e-5, [0.5, 0.4]) for _ in range(3))
+    assert watch.step(1e-5, [0.4, 0.5]) and watch.warned  # four in a row, the return flat: said once
+    assert not watch.step(1e-5, [0.5])
+    rising = StallWatch(updates=4, kl=1e-4)  # a low KL while the return climbs is learning, not a stall
+    assert not any(rising.step(1e-5, [r, r + 0.01]) for r in (0.0, 0.0, 1.0, 1.0))
+    assert not StallWatch(updates=0, kl=1e-4).step(0.0, [])
+
+
+def test_a_stalled_run_says_so_once_in_the_progress_and_in_metrics(tmp_path, capsys):
+    """A learning rate that cannot move the policy: the run says so once (stderr and metrics.csv)."""
+    out = tmp_path / "run"
+    train(tiny_args(lr=1e-9, total_frames=48 * 8, stall_updates=3, out=str(out), progress=True))
+    err = capsys.readouterr().err
+    assert err.count("the policy has stalled") == 1 and "--norm-adv" in err, err
+    rows = read_metrics(out / "metrics.csv")
+    assert [row["update"] for row in rows if row.get("stalled") == "1"] == ["3"]
+    train(tiny_args(lr=1e-9, total_frames=48 * 8, stall_updates=0, out=str(tmp_path / "off"), progress=True))
+    assert "stalled" not in capsys.readouterr().err
+
+
+def test_a_memoryless_agent_stays_at_chance_where_the_lstm_recalls_the_cue():
+    """The same settings as the LSTM's CueRecall test above: the memoryless core (``mlp``) cannot carry
+    the cue to the question and stays near 0.5, the return of guessing."""
+    args = Args(env=CUE, core="mlp", dim=32, hidden=32, num_envs=8, num_steps=16, num_minibatches=2,
+                total_frames=6400, lr=5e-3, seed=1, log_every=2, progress=False)
+    returns = [row["return_mean"] for row in train(args).history]
+    assert max(returns[-3:]) <= 0.75, returns
 
 
 def test_collect_refuses_next_step_autoreset():

@@ -17,6 +17,8 @@ All three follow the chronomem convention ``y, state = module(x [B, N, dim], sta
   and takes episode ends inside a call (``done``).
 * ``LSTM`` ("lstm"): ``torch.nn.LSTM`` with an explicit state and exact padding (padded steps never
   change the state). The recurrent baseline of papers 001 and 004.
+* ``Memoryless`` ("mlp"): no memory at all, each step through residual MLPs on its own. The bar an
+  agent's memory must clear (docs/rl.md, "Controls and the memoryless agent"); not in the papers.
 
 Deviations from the papers are listed in each class docstring.
 """
@@ -63,6 +65,8 @@ __all__ = [
     "relative_shift",
     "LSTM",
     "LSTMState",
+    "Memoryless",
+    "NoMemory",
 ]
 
 
@@ -675,6 +679,76 @@ class LSTM(nn.Module):
 
 
 # ============================================================================================
+# No memory: the agent's control (not in the papers)
+# ============================================================================================
+
+
+@dataclass(frozen=True)
+class NoMemory(RecurrentState):
+    """``Memoryless``'s state: nothing but the batch size (``rows [B, 0]``), so that the loops that carry,
+    select, join and reset states treat it as any other core's."""
+
+    rows: Tensor
+
+
+class Memoryless(nn.Module):
+    """A core without memory: ``y_t = LN(h_t)``, ``h_t`` the input ``x_t`` after ``depth`` pre-LN residual
+    MLPs (``h <- h + FFN(LN(h))``, ``chronomem.layers.FeedForward``). Step ``t``'s output depends on
+    ``x_t`` alone.
+
+    ``y [B, N, dim], state = Memoryless(...)(x [B, N, dim], state=None, mask=None, done=None)``: the
+    core contract (docs/design.md) holds trivially. ``state`` (a ``NoMemory``) carries no information,
+    ``done`` changes nothing (there is nothing to reset), and padded steps output zeros. An agent built
+    on it sees only the current observation: the memoryless row that every RL table sets beside the
+    memory cores (POPGym's MLP baseline; docs/rl.md, "Controls and the memoryless agent").
+    """
+
+    @dataclass
+    class Config:
+        dim: int = 64
+        depth: int = 1
+        ff_mult: float = 4.0
+        dropout: float = 0.0
+
+    def __init__(self, config: Config | None = None, **kwargs):
+        super().__init__()
+        cfg = self.config = build_config(self.Config, config, kwargs)
+        check_positive(cfg.dim, "dim")
+        check_positive(cfg.depth, "depth")
+        check_dropout(cfg.dropout)
+        if not cfg.ff_mult > 0:
+            raise ValueError(f"ff_mult must be > 0, got {cfg.ff_mult!r}")
+        self.dim = self.out_dim = cfg.dim
+        self.causal = True
+        self.norms = nn.ModuleList(nn.LayerNorm(cfg.dim) for _ in range(cfg.depth))
+        self.ffs = nn.ModuleList(FeedForward(cfg.dim, cfg.ff_mult, cfg.dropout) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(cfg.dim)
+
+    def init_state(self, batch_size: int, device=None) -> NoMemory:
+        check_positive(batch_size, "batch_size")
+        return NoMemory(torch.zeros(batch_size, 0, device=device, dtype=parameter_dtype(self)))
+
+    def forward(self, x: Tensor, state: NoMemory | None = None, mask: Tensor | None = None,
+                done: Tensor | None = None):
+        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
+        batch, n = x.shape[:2]
+        mask = check_mask(mask, "mask", (batch, n))
+        check_done(done, (batch, n))
+        if state is None:
+            state = self.init_state(batch, x.device)
+        elif not isinstance(state, NoMemory):
+            raise TypeError(f"state must be a NoMemory (or None), got {type(state).__name__}")
+        check_state_batch(state.rows.shape[0], batch)
+        h = x
+        for norm, ff in zip(self.norms, self.ffs, strict=True):
+            h = h + ff(norm(h))
+        y = self.norm(h)
+        if mask is not None:
+            y = y.masked_fill(~mask[..., None], 0.0)
+        return y, state
+
+
+# ============================================================================================
 # Registry builders: builder(dim, depth, num_heads, causal, **options) -> backbone
 # ============================================================================================
 
@@ -710,3 +784,9 @@ def build_gtrxl(dim: int, depth: int, num_heads: int, causal: bool, **options) -
 def build_lstm(dim: int, depth: int, num_heads: int | None = None, causal: bool = True, **options) -> LSTM:
     """``num_heads`` is ignored and the LSTM is always causal. Options: ``hidden``, ``dropout``."""
     return LSTM(dim=dim, depth=depth, **options)
+
+
+@register_model("mlp")
+def build_mlp(dim: int, depth: int, num_heads: int | None = None, causal: bool = True, **options) -> Memoryless:
+    """No memory (each step alone); ``num_heads`` is ignored. Options: ``ff_mult``, ``dropout``."""
+    return Memoryless(dim=dim, depth=depth, **options)

@@ -95,5 +95,15 @@ class Progress:
         shown = "".join(f", {k} {v}" for k, v in self.metrics.items())
         self._print(f"done, {summary or f'{self.done} {self.unit}s in {duration(seconds)}{shown}'}")
 
+    def note(self, text: str) -> None:
+        """Print ``text`` at once on its own line (above the bar, if any): a message that must not wait
+        for the next progress line."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(f"{self.label}: {text}" if self.label else text, file=self.stream)
+        else:
+            self._print(text)
+
     def _print(self, text: str) -> None:
         print(f"{self.label}: {text}" if self.label else text, file=self.stream, flush=True)

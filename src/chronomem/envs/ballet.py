@@ -20,6 +20,9 @@ Observations (``BalletEnv``, a Gymnasium environment) are dicts:
 Registered ids (``ballet_id(level, observation)``): ``chronomem/Ballet-<level>-v0`` (pixels) and
 ``chronomem/Ballet-<level>-symbolic-v0`` for every level, and ``chronomem/Ballet-mixture[-symbolic]-v0``,
 ``BalletMixture``: paper 001's training distribution, a level drawn uniformly per episode (App. B.1).
+Every level also has its control, ``chronomem/Ballet-<level>-any[-symbolic]-v0``
+(``ballet_id(level, observation, any_dancer=True)``): touching any dancer pays 1, so nothing needs
+remembering (not in the paper; the control that RL settings must learn, docs/rl.md).
 Agents are built on them through ``chronomem.envs.make.make_vector_env`` like any other id, so
 the RL agent and the supervised dataset (``chronomem.tasks.ballet``) play the same rules. Every id
 also has a natively vectorised version, ``chronomem.envs.ballet_vector.BalletVectorEnv``
@@ -92,7 +95,9 @@ _EnvBase = gym.Env if gym is not None else object
 class BalletEnv(_EnvBase):
     """The Ballet environment with the Gymnasium API (see the module docstring for the rules).
 
-    ``BalletEnv(level="2_delay16", observation="pixels" | "symbolic", max_steps=None, seed=None)``.
+    ``BalletEnv(level="2_delay16", observation="pixels" | "symbolic", max_steps=None, seed=None,
+    any_dancer=False)``. ``any_dancer=True`` is the level's control (not the paper's): touching any
+    dancer pays 1, not only the target, so a memoryless agent can earn every reward; all else is equal.
     Actions are ``Discrete(8)``: the directions 0-7 (0 = up, clockwise), as in the reference (there is
     no no-op; moves into a wall leave the agent in place). ``reset(seed=..., options={"layout":
     Layout(...)})`` plays a given episode instead of a sampled one. ``info`` holds the ``phase``
@@ -104,9 +109,12 @@ class BalletEnv(_EnvBase):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
 
     def __init__(self, level: str = "2_delay16", observation: str = "pixels", max_steps: int | None = None,
-                 seed: int | None = None, render_mode: str | None = None):
+                 seed: int | None = None, render_mode: str | None = None, any_dancer: bool = False):
         if gym is None:
             raise ModuleNotFoundError("BalletEnv needs gymnasium: pip install 'chronomem[rl]'")
+        if not isinstance(any_dancer, bool):
+            raise TypeError(f"any_dancer must be a bool, got {any_dancer!r}")
+        self.any_dancer = any_dancer
         self.level = level
         self.num_dancers, self.delay = parse_level(level)
         if observation not in ("pixels", "symbolic"):
@@ -206,7 +214,7 @@ class BalletEnv(_EnvBase):
                 if self._moves == DANCE_LENGTH:
                     self._dancer, self._countdown = None, self.delay
             elif (self._positions[i] == self._agent).all():  # contact ends the episode
-                reward += 1.0 if i == self.layout.target else 0.0
+                reward += 1.0 if i == self.layout.target or self.any_dancer else 0.0
                 terminated = True
         return reward, terminated
 
@@ -330,8 +338,10 @@ if gym is not None and GYM_ID not in gym.registry:
     gym.register(id=GYM_ID, entry_point=BalletEnv, vector_entry_point=VECTOR_ENTRY_POINT)
     for _observation in ("pixels", "symbolic"):
         for _level in LEVELS:
-            gym.register(id=ballet_id(_level, _observation), entry_point=BalletEnv,
-                         vector_entry_point=VECTOR_ENTRY_POINT, kwargs={"level": _level, "observation": _observation})
+            for _any in (False, True):
+                gym.register(id=ballet_id(_level, _observation, _any), entry_point=BalletEnv,
+                             vector_entry_point=VECTOR_ENTRY_POINT,
+                             kwargs={"level": _level, "observation": _observation, "any_dancer": _any})
         # the levels are spelled out so that both entry points read them: BalletMixture(levels=...) and
         # BalletVectorEnv(levels=...), which tells the mixture from one level by them
         gym.register(id=ballet_id(MIXTURE, _observation), entry_point=BalletMixture,

@@ -181,7 +181,7 @@ class BalletVectorEnv(_VectorBase):
     """``num_envs`` Ballet environments stepped together (module docstring: the rules as array formulas).
 
     ``BalletVectorEnv(num_envs, level="2_delay16" | levels=(...), observation="pixels" | "symbolic",
-    max_steps=None, render_mode=None, max_episode_steps=None)``:
+    max_steps=None, render_mode=None, max_episode_steps=None, any_dancer=False)``:
 
     * ``level``: every env plays this level (``BalletEnv``); ``levels``: the mixture (``BalletMixture``),
       each env drawing a level per episode uniformly from ``levels`` with its own generator; give one or
@@ -189,6 +189,7 @@ class BalletVectorEnv(_VectorBase):
     * ``max_steps``: the time limit of a single level (default: the level's, 320 or 1024); the mixture
       keeps each level's own, as ``BalletMixture`` does. ``max_episode_steps``: Gymnasium's ``TimeLimit``
       on top, as ``gymnasium.make(id, max_episode_steps=...)`` adds to a single env.
+    * ``any_dancer``: the control, as ``BalletEnv(any_dancer=True)``: touching any dancer pays 1.
     * Spaces: ``single_observation_space`` / ``single_action_space`` are ``BalletEnv``'s; the batched
       ones are ``batch_space`` of them (a ``MultiDiscrete`` of 8 directions per env).
     * ``reset(seed=..., options={"layouts": [Layout | None, ...]})`` plays given episodes (one entry per
@@ -204,9 +205,12 @@ class BalletVectorEnv(_VectorBase):
 
     def __init__(self, num_envs: int, level: str | None = None, levels: Sequence[str] | None = None,
                  observation: str = "pixels", max_steps: int | None = None, render_mode: str | None = None,
-                 max_episode_steps: int | None = None):
+                 max_episode_steps: int | None = None, any_dancer: bool = False):
         if gym is None:
             raise ModuleNotFoundError("BalletVectorEnv needs gymnasium: pip install 'chronomem[rl]'")
+        if not isinstance(any_dancer, bool):
+            raise TypeError(f"any_dancer must be a bool, got {any_dancer!r}")
+        self.any_dancer = any_dancer
         self.num_envs = check_num_envs(num_envs)
         if level is not None and levels is not None:
             raise ValueError(f"give level (one level) or levels (the mixture), not both: got level={level!r}, "
@@ -380,7 +384,8 @@ class BalletVectorEnv(_VectorBase):
         # contact: in the choice phase every dancer is on its cell
         on_dancer = (self._home == self._agent[:, None, :]).all(-1).any(1)
         terminated = on_dancer & (t > self._cue)
-        rewards = (terminated & (self._target_home == self._agent).all(1)).astype(np.float64)
+        paid = terminated if self.any_dancer else terminated & (self._target_home == self._agent).all(1)
+        rewards = paid.astype(np.float64)
         truncated = ~terminated & (t >= self._limit)
         if self.max_episode_steps is not None:  # Gymnasium's TimeLimit: truncated whether terminated or not
             truncated |= t >= self.max_episode_steps

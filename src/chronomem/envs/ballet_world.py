@@ -206,12 +206,16 @@ GYM_ID = "chronomem/Ballet-v0"  # gymnasium.make(GYM_ID, level=..., observation=
 MIXTURE = "mixture"
 
 
-def ballet_id(level: str = MIXTURE, observation: str = "pixels") -> str:
+def ballet_id(level: str = MIXTURE, observation: str = "pixels", any_dancer: bool = False) -> str:
     """The Gymnasium id of one level (or of the paper's ``"mixture"``) with ``observation`` "pixels" or
     "symbolic": ``chronomem/Ballet-2_delay16-v0``, ``chronomem/Ballet-mixture-symbolic-v0``, ... Agents
-    take the level from the id (``chronomem rl train --env chronomem/Ballet-mixture-symbolic-v0``)."""
+    take the level from the id (``chronomem rl train --env chronomem/Ballet-mixture-symbolic-v0``).
+    ``any_dancer``: the level's control, where touching any dancer pays 1 (``-any`` after the level:
+    ``chronomem/Ballet-2_delay16-any-symbolic-v0``; not the paper's, see ``BalletEnv``)."""
     if level != MIXTURE:
         parse_level(level)
+    elif any_dancer:
+        raise ValueError("any_dancer is a control of one level, not of the mixture")
     if observation not in ("pixels", "symbolic"):
         raise ValueError(f"observation must be 'pixels' or 'symbolic', got {observation!r}")
-    return f"chronomem/Ballet-{level}{'-symbolic' if observation == 'symbolic' else ''}-v0"
+    return f"chronomem/Ballet-{level}{'-any' if any_dancer else ''}{'-symbolic' if observation == 'symbolic' else ''}-v0"

@@ -73,6 +73,9 @@ from chronomem.train.metrics import MetricsLogger
 from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer, rng_state
 
 
+TIMEOUTS = ("truncation", "failure")
+
+
 @dataclass
 class Args:
     env: str = setting("MiniGrid-DoorKey-5x5-v0", "Gymnasium environment id (MiniGrid-*, chronomem/CueRecall-v0, ...)")
@@ -114,9 +117,18 @@ class Args:
                                            "Ballet, 0 otherwise)")
     reconstruct_every: int = setting(1, "decode one step in every k of a replayed sequence (at a random phase): "
                                      "an unbiased estimate of the reconstruction loss at 1/k of its cost")
+    timeout: str = setting("truncation", "how the learner reads an episode cut by a time limit: 'truncation' (not "
+                           "a terminal state: bootstrap from the value of its last observation; the envs' own "
+                           "semantics, e.g. pycolab's LAST with discount 1) or 'failure' (a terminal state: the "
+                           "return ends with what the env paid, as paper 001 scores a time-out 0, and as "
+                           "torch-ac learns)")
     target_kl: float | None = setting(None, "end an update's epochs once the approximate KL exceeds this")
     stop_return: float | None = setting(None, "end the run early once a logged mean return reaches this",
                                         resumable=True)
+    stall_updates: int = setting(20, "say once that the policy has stalled after this many updates in a row with "
+                                 "approx_kl below --stall-kl and no move of the training return (0: never)",
+                                 resumable=True)
+    stall_kl: float = setting(1e-4, "approx_kl below which an update counts as not moving the policy", resumable=True)
     seed: int = setting(1, "seed of the weights, the actions and the environments (rank r's envs: seed + r)")
     torch_threads: int = setting(1, "torch threads (one is faster on 2 cores: the envs need the other)",
                                  resumable=True, aliases=("--threads",))
@@ -157,6 +169,12 @@ class Args:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.reconstruction is not None and not (self.reconstruction >= 0 and math.isfinite(self.reconstruction)):
             raise ValueError(f"--reconstruction must be >= 0 (or None), got {self.reconstruction}")
+        if self.timeout not in TIMEOUTS:
+            raise ValueError(f"--timeout must be one of {', '.join(TIMEOUTS)}, got {self.timeout!r}")
+        if isinstance(self.stall_updates, bool) or not isinstance(self.stall_updates, int) or self.stall_updates < 0:
+            raise ValueError(f"--stall-updates must be an integer >= 0, got {self.stall_updates!r}")
+        if not (self.stall_kl > 0 and math.isfinite(self.stall_kl)):
+            raise ValueError(f"--stall-kl must be a positive number, got {self.stall_kl}")
         if self.target_kl is not None and not self.target_kl > 0:
             raise ValueError(f"--target-kl must be > 0 (or None), got {self.target_kl}")
 
@@ -283,6 +301,50 @@ class EpisodeTracker:
         return finished
 
 
+class StallWatch:
+    """Says once when the policy has stopped moving (``Args.stall_updates``, ``Args.stall_kl``).
+
+    Stalled: for ``updates`` updates in a row the approximate KL between the acting and the updated
+    policy stayed below ``kl``, and the training return has not moved: the mean return of the episodes
+    that ended in the second half of those updates is within two standard errors of the first half's
+    (or either half ended fewer than two episodes). The entropy cannot tell: a policy can sit just below
+    its maximum while every update moves it less and less (docs/rl.md, "The stall warning")."""
+
+    def __init__(self, updates: int, kl: float):
+        self.updates, self.kl = updates, kl
+        self.streak: list[list[float]] = []  # the returns of the episodes ended in each update of the streak
+        self.warned = False
+
+    def step(self, approx_kl: float, returns: list[float]) -> bool:
+        """Record one update; True once, at the update where the stall is first seen."""
+        if self.warned or not self.updates:
+            return False
+        if not approx_kl < self.kl:
+            self.streak = []
+            return False
+        self.streak = [*self.streak, returns][-self.updates:]
+        if len(self.streak) < self.updates or self._return_moved():
+            return False
+        self.warned = True
+        return True
+
+    def _return_moved(self) -> bool:
+        half = self.updates // 2
+        early = np.array([r for rs in self.streak[:half] for r in rs])
+        late = np.array([r for rs in self.streak[half:] for r in rs])
+        if len(early) < 2 or len(late) < 2:
+            return False
+        error = math.sqrt(early.var(ddof=1) / len(early) + late.var(ddof=1) / len(late))
+        return abs(late.mean() - early.mean()) > 2 * error
+
+    def message(self, update: int, frames: int) -> str:
+        return (f"the policy has stalled: approx_kl < {self.kl:g} for {self.updates} updates in a row while the "
+                f"training return did not move (update {update}, {frames} frames). Likely causes: a learning "
+                "rate too small for the advantages' scale (try --norm-adv or a larger --lr), an entropy weight "
+                "that holds the policy near uniform (--ent-coef), or too few gradient steps per frame "
+                "(--num-minibatches, --update-epochs)")
+
+
 def sample(logits: Tensor) -> tuple[Tensor, Tensor]:
     """An action per row of ``logits [B, A]`` and its log-probability."""
     logp = F.log_softmax(logits, -1)
@@ -291,10 +353,11 @@ def sample(logits: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: EpisodeTracker | None = None,
-            window: int | None = None):
+            window: int | None = None, timeout: str = "truncation"):
     """One rollout of ``num_steps`` steps from ``next_obs`` (the envs' current observations) and the
     agent's ``state``; returns ``(rollout, next_obs, state)`` to continue from. ``window``: keep the
-    state at the start of every window of that many steps (default: the rollout's start only). No per-environment
+    state at the start of every window of that many steps (default: the rollout's start only).
+    ``timeout="failure"`` stores a time-limit truncation as a termination (``Args.timeout``). No per-environment
     Python on the hot path: the observations become tensors once per step, actions go to the envs as
     one array, and only the rows whose episode was truncated are read one by one."""
     mode = envs.metadata.get("autoreset_mode")
@@ -322,6 +385,8 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
         tic = time.perf_counter()
         next_obs, reward, term, trunc, info = envs.step(action.cpu().numpy())
         env_seconds += time.perf_counter() - tic
+        if timeout == "failure":  # the time-out ends the return: nothing to bootstrap
+            term, trunc = term | trunc, np.zeros_like(trunc)
         actions[:, t], buffers["logprobs"][:, t], buffers["values"][:, t] = action, logprob, value[:, 0]
         buffers["rewards"][:, t] = torch.as_tensor(reward, dtype=torch.float32, device=device)
         terminated[:, t] = torch.as_tensor(term, device=device)
@@ -593,6 +658,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
+        stall = StallWatch(args.stall_updates, args.stall_kl)
         history: list[dict[str, Any]] = []
         update = frames // frames_per_update
         saved_update = update if restored is not None else None
@@ -605,7 +671,8 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                 group["lr"] = lr
             agent.eval()  # acting and replay must compute the same function (no dropout)
             tic = time.perf_counter()
-            rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker, args.recurrence)
+            rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker, args.recurrence,
+                                               args.timeout)
             toc = time.perf_counter()
             advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
             with differentiable_on_cudnn(agent):
@@ -615,18 +682,26 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             split["learn"] += time.perf_counter() - toc
             frames += frames_per_update
             window_frames += frames_per_update
-            window += tracker.take()
+            ended = tracker.take()
+            window += ended
+            # one rank's view (its KL and episodes): a stall is a property of the shared weights
+            stalled = stall.step(stats["approx_kl"], [r for r, _ in ended])
+            if stalled:
+                reporter.note(stall.message(update, frames))
             seconds = seconds_before + time.perf_counter() - start
-            if update % args.log_every == 0 or update == num_updates:
+            if update % args.log_every == 0 or update == num_updates or stalled:
                 elapsed = time.perf_counter() - window_start
                 stats, episodes = reduce_stats(stats, window, ctx, device)
                 row = {"step": frames, "split": "train", "update": update, **episodes,
                        **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
                        "sps": round(window_frames / max(elapsed, 1e-9)), "seconds": round(seconds, 2),
-                       **{f"seconds_{part}": round(value, 3) for part, value in split.items()}}
+                       **{f"seconds_{part}": round(value, 3) for part, value in split.items()},
+                       **({"stalled": 1} if stalled else {})}
                 history.append(row)
                 logger.log(row)
                 shown = {} if "return_mean" not in row else {"mean return": f"{row['return_mean']:.3f}"}
+                if stall.warned:
+                    shown["STALLED"] = "(see above)"
                 reporter.update(frames, {**shown, "speed": f"{row['sps']:.0f} frames/s"})
                 window_start, window_frames, window = time.perf_counter(), 0, []
                 split = dict.fromkeys(split, 0.0)
