@@ -14,12 +14,14 @@ from chronomem.rl.ppo import (
     Args,
     Rollout,
     StallWatch,
+    as_windows,
     collect,
     differentiable_on_cudnn,
     gae,
     make_agent,
     obs_map,
     replay,
+    replay_windows,
     train,
 )
 
@@ -105,6 +107,14 @@ def test_replay_in_windows_starts_each_from_the_state_stored_while_acting(core):
             logprobs, _, values, _ = replay(agent, rollout, torch.tensor(rows))
             torch.testing.assert_close(logprobs, rollout.logprobs[rows], atol=1e-5, rtol=0)
             torch.testing.assert_close(values, rollout.values[rows], atol=1e-5, rtol=0)
+        # --minibatch windows: any set of windows, from any envs and times, replays as acted
+        for windows in ([5, 0, 11], [2, 7], [9]):  # index w * B + b
+            windows = torch.tensor(windows)
+            logprobs, _, values, _ = replay_windows(agent, rollout, windows)
+            torch.testing.assert_close(logprobs, as_windows(rollout.logprobs, 4)[windows], atol=1e-5, rtol=0)
+            torch.testing.assert_close(values, as_windows(rollout.values, 4)[windows], atol=1e-5, rtol=0)
+            b, w = windows % 4, windows // 4
+            torch.testing.assert_close(values[:, 0], rollout.values[b, 4 * w], atol=1e-5, rtol=0)
 
 
 def test_no_gradient_crosses_a_window_start():
@@ -128,6 +138,17 @@ def test_no_gradient_crosses_a_window_start():
 def test_recurrence_must_divide_the_rollout():
     with pytest.raises(ValueError, match="--recurrence must be a positive integer that divides --num-steps 12"):
         tiny_args(recurrence=5)
+
+
+def test_window_minibatches_train_and_must_divide_the_windows():
+    """torch-ac's minibatches (windows from every env and time): 4 envs x 3 windows of 4 steps in 3
+    minibatches of 4 windows, where env minibatches could not split 4 envs in 3."""
+    result = train(tiny_args(recurrence=4, minibatch="windows", num_minibatches=3, total_frames=96))
+    assert result.frames == 96 and all(np.isfinite(row["approx_kl"]) for row in result.history)
+    with pytest.raises(ValueError, match="must divide the rollout's 12 windows"):
+        tiny_args(recurrence=4, minibatch="windows", num_minibatches=5)
+    with pytest.raises(ValueError, match="--minibatch must be one of envs, windows"):
+        tiny_args(minibatch="steps")
     assert tiny_args(recurrence=4).recurrence == 4
 
 

@@ -74,6 +74,7 @@ from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore
 
 
 TIMEOUTS = ("truncation", "failure")
+MINIBATCHES = ("envs", "windows")
 
 
 @dataclass
@@ -97,10 +98,15 @@ class Args:
                                         "wrappers of B single envs); default native where the env has it",
                                         resumable=True)
     lr: float = setting(1e-3, "Adam's learning rate")
+    adam_eps: float = setting(1e-5, "Adam's epsilon (CleanRL's 1e-5; torch-ac's 1e-8)")
     anneal_lr: bool = setting(True, "anneal the learning rate linearly to 0 over the run")
     gamma: float = setting(0.99, "discount")
     gae_lambda: float = setting(0.95, "GAE's lambda")
-    num_minibatches: int = setting(8, "minibatches per epoch, each of num_envs / num_minibatches whole env sequences")
+    num_minibatches: int = setting(8, "minibatches per epoch: each holds num_envs / num_minibatches whole env "
+                                   "sequences (--minibatch envs) or that share of all windows (windows)")
+    minibatch: str = setting("envs", "what a minibatch is made of: 'envs' (whole env sequences, every window of "
+                             "the rows drawn) or 'windows' (windows of --recurrence steps drawn from every env "
+                             "and time, as torch-ac)")
     update_epochs: int = setting(4, "epochs over each rollout")
     # Off by default, as in torch-ac and rl-starter-files (CleanRL's default is on): under sparse rewards
     # the advantages before the first success are noise, which normalising blows up to full-size steps.
@@ -125,6 +131,9 @@ class Args:
     target_kl: float | None = setting(None, "end an update's epochs once the approximate KL exceeds this")
     stop_return: float | None = setting(None, "end the run early once a logged mean return reaches this",
                                         resumable=True)
+    stop_length: float | None = setting(None, "end the run early once a logged mean episode length is at most "
+                                        "this (with --stop-return: once both hold); a control that wandering "
+                                        "passes is learned when it is passed fast", resumable=True)
     stall_updates: int = setting(20, "say once that the policy has stalled after this many updates in a row with "
                                  "approx_kl below --stall-kl and no move of the training return (0: never)",
                                  resumable=True)
@@ -150,17 +159,23 @@ class Args:
                              f"got {self.recurrence!r}")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
-        if self.num_envs % self.num_minibatches:
+        if self.minibatch not in MINIBATCHES:
+            raise ValueError(f"--minibatch must be one of {', '.join(MINIBATCHES)}, got {self.minibatch!r}")
+        windows = self.num_envs * (self.num_steps // self.recurrence if self.recurrence else 1)
+        if self.minibatch == "windows" and windows % self.num_minibatches:
+            raise ValueError(f"--num-minibatches {self.num_minibatches} must divide the rollout's {windows} windows "
+                             f"(--num-envs x --num-steps / --recurrence): a minibatch holds whole windows")
+        if self.minibatch == "envs" and self.num_envs % self.num_minibatches:
             raise ValueError(f"--num-minibatches {self.num_minibatches} must divide --num-envs {self.num_envs}: "
                              "a minibatch holds whole environment sequences")
-        if self.num_envs // self.num_minibatches * self.num_steps < 2:
-            raise ValueError("a minibatch needs at least 2 steps (num_envs / num_minibatches * num_steps) to "
+        if self.num_envs * self.num_steps // self.num_minibatches < 2:
+            raise ValueError("a minibatch needs at least 2 steps (num_envs * num_steps / num_minibatches) to "
                              "normalise its advantages")
         for name, low, high in (("gamma", 0.0, 1.0), ("gae_lambda", 0.0, 1.0)):
             value = getattr(self, name)
             if not (low <= value <= high):
                 raise ValueError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got {value}")
-        for name in ("lr", "clip_coef", "max_grad_norm"):
+        for name in ("lr", "adam_eps", "clip_coef", "max_grad_norm"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
@@ -445,31 +460,43 @@ def gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[Tensor, Tens
 # =============================================================================================
 
 
-def replay(agent: ActorCritic, rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """``(log-probabilities, entropies, values)`` ``[b, T]`` of the rollout's actions in env rows ``rows``,
-    recomputed in one call, and the agent's weighted reconstruction loss over those steps (paper 001
-    App. A.1; None when the agent has none). The call replays each row's ``W = T / window`` windows side
-    by side, ``[W * b, window]``, each from the state stored at its start (``W = 1``: the whole rollout
-    from its start state), and puts the outputs back in time order."""
-    B, T = rollout.actions.shape
-    window = rollout.window or T
-    b, W = len(rows), T // window
-    windowed = torch.cat([rows + w * B for w in range(W)])  # window-major, as collect stored the states
+def as_windows(x: Tensor, window: int) -> Tensor:
+    """``[B, T, ...] -> [W * B, window, ...]``, window-major (``W = T / window``), as ``collect`` stores
+    the states the windows start from."""
+    return x.unflatten(1, (x.shape[1] // window, window)).transpose(0, 1).flatten(0, 1)
 
-    def as_windows(x: Tensor) -> Tensor:  # [b, T, ...] -> [W * b, window, ...]
-        return x.unflatten(1, (W, window)).transpose(0, 1).flatten(0, 1)
 
-    def in_time_order(x: Tensor) -> Tensor:  # [W * b, window, ...] -> [b, T, ...]
-        return x.unflatten(0, (W, b)).transpose(0, 1).flatten(1, 2)
-
-    obs = obs_map(lambda x: as_windows(x[rows]), rollout.obs)
-    logits, values, _, auxiliary = agent(obs, rollout.state.select(windowed), done=as_windows(rollout.done[rows]),
-                                         return_auxiliary=True)
-    logits, values = in_time_order(logits), in_time_order(values)
+def replay_windows(agent: ActorCritic, rollout: Rollout, windows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(log-probabilities, entropies, values)`` ``[n, window]`` of the rollout's actions in the windows
+    ``windows`` (indices ``w * B + b`` of window ``w`` of env ``b``), recomputed in one call ``[n, window]``,
+    each window from the state stored while acting at its first step, with its episode ends inside the
+    call; and the agent's weighted reconstruction loss over those steps (paper 001 App. A.1; None when
+    the agent has none). Without ``recurrence`` a window is a whole rollout (``W = 1``)."""
+    window = rollout.window or rollout.actions.shape[1]
+    obs = obs_map(lambda x: as_windows(x, window)[windows], rollout.obs)
+    logits, values, _, auxiliary = agent(obs, rollout.state.select(windows),
+                                         done=as_windows(rollout.done, window)[windows], return_auxiliary=True)
     logp = F.log_softmax(logits, -1)
-    logprobs = logp.gather(-1, rollout.actions[rows].unsqueeze(-1)).squeeze(-1)
+    logprobs = logp.gather(-1, as_windows(rollout.actions, window)[windows].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
     return logprobs, entropy, values, auxiliary
+
+
+def env_windows(rows: Tensor, num_envs: int, num_windows: int) -> Tensor:
+    """The window indices (``w * B + b``) of every window of the env rows ``rows``, window-major."""
+    return torch.cat([rows + w * num_envs for w in range(num_windows)])
+
+
+def replay(agent: ActorCritic, rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``replay_windows`` of every window of the env rows ``rows``, put back in time order: ``[b, T]``."""
+    B, T = rollout.actions.shape
+    W, b = T // (rollout.window or T), len(rows)
+    logprobs, entropy, values, auxiliary = replay_windows(agent, rollout, env_windows(rows, B, W))
+
+    def in_time_order(x: Tensor) -> Tensor:  # [W * b, window] -> [b, T]
+        return x.unflatten(0, (W, b)).transpose(0, 1).flatten(1, 2)
+
+    return in_time_order(logprobs), in_time_order(entropy), in_time_order(values), auxiliary
 
 
 @contextlib.contextmanager
@@ -494,22 +521,30 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
     Under torchrun (``ctx``) every rank has its own rollout; each minibatch's gradients are averaged
     over the ranks before clipping, so every rank takes the same step."""
     ctx = ctx or Context()
-    B = rollout.actions.shape[0]
-    per_minibatch = B // args.num_minibatches
+    B, T = rollout.actions.shape
+    window = rollout.window or T
+    W = T // window
+    # every per-step tensor as windows [W * B, window]: a minibatch is a set of windows either way
+    acted_logprobs, acted_values, advantages, targets = (as_windows(x, window) for x in
+                                                      (rollout.logprobs, rollout.values, advantages, returns))
+    by_windows = args.minibatch == "windows"
+    units = W * B if by_windows else B  # what is shuffled: windows, or env rows with all their windows
+    per_minibatch = units // args.num_minibatches
     sums: dict[str, Tensor] = {}  # summed on the device: one transfer per update, not one per minibatch
     count = 0
     for _ in range(args.update_epochs):
-        order = torch.randperm(B, device=rollout.actions.device)
-        for start in range(0, B, per_minibatch):
-            rows = order[start : start + per_minibatch]
-            logprobs, entropy, values, auxiliary = replay(agent, rollout, rows)
-            logratio = logprobs - rollout.logprobs[rows]
+        order = torch.randperm(units, device=rollout.actions.device)
+        for start in range(0, units, per_minibatch):
+            drawn = order[start : start + per_minibatch]
+            index = drawn if by_windows else env_windows(drawn, B, W)
+            logprobs, entropy, values, auxiliary = replay_windows(agent, rollout, index)
+            logratio = logprobs - acted_logprobs[index]
             ratio = logratio.exp()
-            adv = advantages[rows]
+            adv = advantages[index]
             if args.norm_adv:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
-            old_values, target = rollout.values[rows], returns[rows]
+            old_values, target = acted_values[index], targets[index]
             value_loss = (values - target).square()
             if args.clip_vloss:
                 clipped = old_values + (values - old_values).clamp(-args.clip_coef, args.clip_coef)
@@ -631,7 +666,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
     num_updates = math.ceil(args.total_frames / frames_per_update)
     try:
         agent = make_agent(args, core_options, envs.single_observation_space, envs.single_action_space).to(device)
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=1e-5)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=args.adam_eps)
         broadcast_weights(agent, ctx)
         frames, seconds_before = 0, 0.0
         run_dir = Path(args.out) if args.out and ctx.is_main else None
@@ -706,7 +741,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                 window_start, window_frames, window = time.perf_counter(), 0, []
                 split = dict.fromkeys(split, 0.0)
                 # every rank reads the same averaged row, so the ranks stop together
-                reached = args.stop_return is not None and row.get("return_mean", -math.inf) >= args.stop_return
+                reached = stop_reached(row, args)
             else:
                 reporter.update(frames)
                 reached = False
@@ -725,6 +760,16 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         return PPOResult(agent, frames, seconds, history)
     finally:
         envs.close()
+
+
+def stop_reached(row: dict[str, Any], args: Args) -> bool:
+    """Whether a logged row meets the run's stopping rule (--stop-return, --stop-length: each given one)."""
+    if args.stop_return is None and args.stop_length is None:
+        return False
+    if "return_mean" not in row:  # no episode ended
+        return False
+    return ((args.stop_return is None or row["return_mean"] >= args.stop_return)
+            and (args.stop_length is None or row["length_mean"] <= args.stop_length))
 
 
 def reduce_stats(stats: dict[str, float], episodes: list[tuple[float, int]], ctx: Context, device):

@@ -1,0 +1,192 @@
+"""PPO settings chosen by time to learn: a small grid of settings per control task, each run until the
+control's threshold (or a frame cap), reporting per setting and seed the wall-clock seconds and frames
+it took (docs/rl.md, "Settings by time to learn").
+
+A control is a task a memoryless policy can solve, played by the agent an experiment trains: what the
+settings must learn before any memory result means anything. Each (setting, seed) runs in a fresh
+process with one torch thread; ``--jobs K`` runs K at a time (one per core: two processes of two
+threads each on 2 cores slow each other many times over). A run stops at the first logged update whose
+mean return (and, where the control sets one, mean episode length) meets the threshold: Ballet's
+any-dancer control pays every contact, so a wandering policy earns most of it, and it is learned when
+the agent walks to a dancer as soon as the dances end (the cue comes at step 62, a dancer is 3 steps
+away: 80 leaves room for sampled actions).
+
+    python benchmarks/ppo_settings.py --control ballet-any --seeds 1 2 --jobs 2 --json runs/settings.json
+    python benchmarks/ppo_settings.py --control doorkey --settings "16x128" "16x128 windows"
+    python benchmarks/ppo_settings.py --list
+
+Each setting is a set of ``chronomem.rl.ppo.Args`` changes on the control's agent; the table is sorted by
+the median seconds to the threshold (a run that does not reach it counts as never).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# ballet-rl's agent sized for a CPU (docs/rl.md "A Ballet agent sized for a CPU")
+BALLET_AGENT = dict(core="lstm", dim=64, depth=2, heads=4, hidden=128, visual="cells", reconstruct_every=8)
+# ballet-rl's quick settings before this benchmark (chosen for frames per second)
+BALLET_BEFORE = dict(num_envs=64, num_steps=64, num_minibatches=4, update_epochs=4, lr=3e-4, ent_coef=1e-3)
+# minigrid-transfer's (rl-starter-files') settings, with advantages normalised
+STARTER = dict(num_envs=16, num_steps=128, num_minibatches=8, update_epochs=4, lr=1e-3, ent_coef=0.01,
+               norm_adv=True)
+
+
+@dataclass(frozen=True)
+class Control:
+    env: str
+    agent: dict  # chronomem.rl.ppo.Args fields of the experiment's agent
+    grid: dict  # setting name -> Args changes
+    stop_return: float
+    stop_length: float | None = None
+    max_frames: int = 300_000
+    about: str = ""
+    notes: dict = field(default_factory=dict)
+
+
+def _ballet_grid() -> dict:
+    failure = {**STARTER, "timeout": "failure"}
+    return {
+        "ballet-rl quick before (64x64, lr 3e-4, ent 1e-3)": BALLET_BEFORE,
+        "16x128 (starter)": STARTER,
+        "16x128 failure": failure,
+        "16x128 failure, no reconstruction": {**failure, "reconstruction": 0.0},
+        "16x128 failure, lr 3e-4": {**failure, "lr": 3e-4},
+        "16x128 failure, ent 1e-3": {**failure, "ent_coef": 1e-3},
+        "16x128 failure, windows of 16": {**failure, "recurrence": 16, "minibatch": "windows"},
+        "32x128 failure": {**failure, "num_envs": 32},
+        "64x128 failure": {**failure, "num_envs": 64},
+    }
+
+
+CONTROLS = {
+    "ballet-any": Control(
+        env="chronomem/Ballet-2_delay16-any-symbolic-v0", agent=BALLET_AGENT, grid=_ballet_grid(),
+        stop_return=0.9, stop_length=80, max_frames=400_000,
+        about="Ballet 2_delay16 where any dancer pays (no memory needed); learned: return >= 0.9 in <= 80 steps"),
+    "ballet-level": Control(
+        env="chronomem/Ballet-2_delay16-symbolic-v0", agent=BALLET_AGENT,
+        grid={"16x128 (starter)": STARTER, "16x128 failure": {**STARTER, "timeout": "failure"}},
+        stop_return=0.45, stop_length=80, max_frames=600_000,
+        about="Ballet 2_delay16 itself: the time-out read both ways; 'learned' here is only walking to a "
+              "dancer (return >= 0.45, chance is 0.5, in <= 80 steps), not remembering which"),
+    "doorkey": Control(
+        env="MiniGrid-DoorKey-5x5-v0", agent=dict(core="lstm", dim=64, hidden=64),
+        grid={"16x128 (starter)": STARTER,
+              "16x128 no norm-adv": {**STARTER, "norm_adv": False},
+              "16x128 windows of 4": {**STARTER, "recurrence": 4, "minibatch": "windows"},
+              "16x128 lr 3e-4": {**STARTER, "lr": 3e-4},
+              "64x128": {**STARTER, "num_envs": 64}},
+        stop_return=0.9, max_frames=400_000, about="MiniGrid-DoorKey-5x5 (fully solvable without memory)"),
+}
+
+
+def run_one(control: str, setting: str, seed: int) -> dict:
+    """One run in this process; what the table needs."""
+    from chronomem.rl.ppo import Args, train
+
+    c = CONTROLS[control]
+    args = Args(env=c.env, **{**c.agent, **c.grid[setting]}, total_frames=c.max_frames, seed=seed,
+                stop_return=c.stop_return, stop_length=c.stop_length, torch_threads=1, progress=False)
+    result = train(args)
+    last = result.history[-1]
+    reached = last["step"] if any(_reached(row, c) for row in result.history[-1:]) else None
+    kls = [row["approx_kl"] for row in result.history]
+    return {"frames": result.frames, "seconds": round(result.seconds, 1), "reached": reached,
+            "fps": round(result.frames / max(result.seconds, 1e-9)),
+            "return_last": last.get("return_mean"), "length_last": last.get("length_mean"),
+            "entropy_last": last["entropy"], "approx_kl_median": statistics.median(kls)}
+
+
+def _reached(row: dict, c: Control) -> bool:
+    return ("return_mean" in row and row["return_mean"] >= c.stop_return
+            and (c.stop_length is None or row["length_mean"] <= c.stop_length))
+
+
+def measure(control: str, setting: str, seed: int) -> dict:
+    cmd = [sys.executable, __file__, "--one", control, setting, str(seed)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{control} / {setting}, seed {seed} failed:\n{done.stderr[-3000:]}")
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"  {setting}, seed {seed}: reached at {record['reached']} frames, {record['seconds']} s "
+          f"({record['fps']} frames/s)", file=sys.stderr, flush=True)
+    return {"setting": setting, "seed": seed, **record}
+
+
+def table(control: str, records: list[dict]) -> str:
+    c = CONTROLS[control]
+    rows = []
+    for setting in dict.fromkeys(r["setting"] for r in records):
+        mine = [r for r in records if r["setting"] == setting]
+        times = [r["seconds"] if r["reached"] else float("inf") for r in mine]
+        frames = [r["reached"] or float("inf") for r in mine]
+        rows.append((statistics.median(times), setting, mine, statistics.median(frames)))
+    rows.sort(key=lambda row: row[0])
+    lines = [f"{control}: {c.about} (cap {c.max_frames:,} frames, one thread per run)", "",
+             "| setting | learned | median seconds | median frames | per seed: seconds (frames) | frames/s | "
+             "median approx_kl |", "|---|---|---|---|---|---|---|"]
+    for seconds, setting, mine, frames in rows:
+        per_seed = ", ".join(f"{r['seconds']:.0f} ({r['reached']:,})" if r["reached"] else
+                             f"not by {r['frames']:,} ({r['seconds']:.0f} s)" for r in mine)
+        shown_s = f"{seconds:.0f}" if seconds != float("inf") else "not learned"
+        shown_f = f"{frames:,.0f}" if frames != float("inf") else "-"
+        fps = statistics.median(r["fps"] for r in mine)
+        kl = statistics.median(r["approx_kl_median"] for r in mine)
+        lines.append(f"| {setting} | {sum(bool(r['reached']) for r in mine)}/{len(mine)} | {shown_s} | {shown_f} | "
+                     f"{per_seed} | {fps:,.0f} | {kl:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--control", choices=sorted(CONTROLS), default="ballet-any")
+    parser.add_argument("--settings", nargs="+", help="a subset of the control's grid (default: all of it)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one per core)")
+    parser.add_argument("--json", help="write the records here (a new file: an existing one is an error)")
+    parser.add_argument("--list", action="store_true", help="print every control's grid and exit")
+    parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # a child process: control, setting, seed
+    args = parser.parse_args(argv)
+    if args.one:
+        import torch
+
+        torch.set_num_threads(1)
+        control, setting, seed = args.one
+        print(json.dumps(run_one(control, setting, int(seed))))
+        return
+    if args.list:
+        for name, c in CONTROLS.items():
+            print(f"{name}: {c.about}")
+            for setting, changes in c.grid.items():
+                print(f"  {setting}: {changes}")
+        return
+    grid = CONTROLS[args.control].grid
+    settings = args.settings or list(grid)
+    unknown = [s for s in settings if s not in grid]
+    if unknown:
+        parser.error(f"--settings: {unknown} not in {args.control}'s grid ({', '.join(grid)})")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.json and Path(args.json).exists():
+        parser.error(f"--json {args.json} exists: a benchmark never overwrites another run's file")
+    jobs = [(args.control, setting, seed) for setting in settings for seed in args.seeds]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        records = list(pool.map(lambda job: measure(*job), jobs))
+    print(table(args.control, records))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"control": args.control, "config": CONTROLS[args.control].__dict__, "records": records}, f,
+                      indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()
