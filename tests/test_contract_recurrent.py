@@ -1,6 +1,7 @@
 """The agent contract (docs/design.md) for the recurrent cores: LSTM, RelevanceRNN / RelevanceLSTM,
-MemRNN / MemLSTM, and the memoryless core (``mlp``), for which it holds trivially. Episode ends inside a call == resets between calls, any split == one call, states
-split and join along the batch, and a bad ``done`` is a clear error. float64 throughout."""
+MemRNN / MemLSTM, and the memoryless core (``mlp``), for which it holds trivially. Episode ends inside
+a call == resets between calls, any split == one call, states split and join along the batch, and a
+bad ``done`` is a clear error. float64 throughout."""
 
 import pytest
 import torch

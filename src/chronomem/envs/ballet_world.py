@@ -218,4 +218,5 @@ def ballet_id(level: str = MIXTURE, observation: str = "pixels", any_dancer: boo
         raise ValueError("any_dancer is a control of one level, not of the mixture")
     if observation not in ("pixels", "symbolic"):
         raise ValueError(f"observation must be 'pixels' or 'symbolic', got {observation!r}")
-    return f"chronomem/Ballet-{level}{'-any' if any_dancer else ''}{'-symbolic' if observation == 'symbolic' else ''}-v0"
+    control = "-any" if any_dancer else ""
+    return f"chronomem/Ballet-{level}{control}{'-symbolic' if observation == 'symbolic' else ''}-v0"

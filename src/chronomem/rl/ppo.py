@@ -72,7 +72,6 @@ from chronomem.train.distributed import Context, all_reduce_mean, cleanup, defau
 from chronomem.train.metrics import MetricsLogger
 from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer, rng_state
 
-
 TIMEOUTS = ("truncation", "failure")
 MINIBATCHES = ("envs", "windows")
 
@@ -466,7 +465,8 @@ def as_windows(x: Tensor, window: int) -> Tensor:
     return x.unflatten(1, (x.shape[1] // window, window)).transpose(0, 1).flatten(0, 1)
 
 
-def replay_windows(agent: ActorCritic, rollout: Rollout, windows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def replay_windows(agent: ActorCritic, rollout: Rollout,
+                   windows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(log-probabilities, entropies, values)`` ``[n, window]`` of the rollout's actions in the windows
     ``windows`` (indices ``w * B + b`` of window ``w`` of env ``b``), recomputed in one call ``[n, window]``,
     each window from the state stored while acting at its first step, with its episode ends inside the
