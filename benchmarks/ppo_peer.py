@@ -22,6 +22,10 @@ implementations alternating, so a change of the machine's load hits both alike.
 
     python benchmarks/ppo_peer.py                       # seeds 1 2 3
     python benchmarks/ppo_peer.py --seeds 1 --max-frames 200000 --json runs/ppo_peer.json
+    python benchmarks/ppo_peer.py --ablate --seeds 1 2 3 4 5 --jobs 2   # one difference at a time
+
+``--ablate`` (frames only, so runs may share the cores): torch-ac, then ours with one of its
+differences from torch-ac changed to torch-ac's at a time (``ABLATIONS``), and all of them together.
 """
 
 from __future__ import annotations
@@ -111,12 +115,66 @@ def run_torch_ac(seed: int, max_frames: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 
-def run_chronomem(seed: int, max_frames: int) -> dict:
+# One difference from torch-ac at a time (issue 50's ablation): Args changes, and for the agent's
+# initialisation and encoder a change made to the built agent (``_TORCH_AC_AGENT``).
+ABLATIONS = {
+    "ours": {},
+    "torch-ac's initialisation": {"agent": "init"},
+    "image only (no direction, no mission)": {"agent": "image"},
+    "gradients cut every 4 steps": {"recurrence": 4},
+    "minibatches of 4-step windows": {"recurrence": 4, "minibatch": "windows"},
+    "time-out as failure": {"timeout": "failure"},
+    "advantages normalised": {"norm_adv": True},
+    "Adam eps 1e-8": {"adam_eps": 1e-8},
+    "value loss x2 (torch-ac's weight)": {"vf_coef": 1.0},
+    "value loss not clipped": {"clip_vloss": False},
+    "all of torch-ac's": {"agent": "init+image", "recurrence": 4, "minibatch": "windows", "timeout": "failure",
+                          "adam_eps": 1e-8, "vf_coef": 1.0},
+}
+
+
+def torch_ac_agent(agent, changes: str) -> None:
+    """Make ``agent`` (a MiniGrid ``ActorCritic``) like rl-starter-files' in place: ``init``: every linear
+    layer's rows drawn from N(0, 1) and scaled to unit norm, biases 0 (its ``init_params``; the LSTM keeps
+    PyTorch's); ``image``: the direction and the mission no longer reach the core (the direction's
+    embedding held at 0, the mission dropped)."""
+    import torch
+    from torch import nn
+
+    with torch.no_grad():
+        if "init" in changes:
+            for module in agent.modules():
+                if isinstance(module, nn.Linear):
+                    module.weight.normal_(0, 1)
+                    module.weight /= module.weight.norm(dim=1, keepdim=True)
+                    module.bias.zero_()
+        if "image" in changes:
+            encoder = agent.encoder
+            encoder.direction.weight.zero_()
+            encoder.direction.weight.requires_grad_(False)
+            if encoder.words is not None:
+                encoder.words.weight.zero_()
+                encoder.words.weight.requires_grad_(False)
+
+
+def run_chronomem(seed: int, max_frames: int, ablation: str = "ours") -> dict:
+    from chronomem.rl import ppo
     from chronomem.rl.ppo import Args, train
 
+    changes = dict(ABLATIONS[ablation])
+    agent_changes = changes.pop("agent", "")
+    if agent_changes:
+        build = ppo.make_agent
+
+        def make_agent(*args, **kwargs):
+            agent = build(*args, **kwargs)
+            torch_ac_agent(agent, agent_changes)
+            return agent
+
+        ppo.make_agent = make_agent  # this process runs this one ablation
     args = Args(env=ENV, core="lstm", dim=64, hidden=64, num_envs=NUM_ENVS, num_steps=FRAMES_PER_ENV,
                 update_epochs=EPOCHS, num_minibatches=NUM_ENVS * FRAMES_PER_ENV // BATCH, lr=LR, anneal_lr=False,
-                total_frames=max_frames, stop_return=TARGET, seed=seed, torch_threads=1, progress=False)
+                total_frames=max_frames, stop_return=TARGET, seed=seed, torch_threads=1, progress=False, **changes)
     result = train(args)
     reached = next((row["step"] for row in result.history if row.get("return_mean", -1) >= TARGET), None)
     return {"frames": result.frames, "seconds": result.seconds, "reached": reached}
@@ -130,14 +188,37 @@ RUNNERS = {"torch-ac": run_torch_ac, "chronomem": run_chronomem}
 # ----------------------------------------------------------------------------------------------
 
 
-def measure(name: str, seed: int, max_frames: int) -> dict:
+def measure(name: str, seed: int, max_frames: int, ablation: str = "ours") -> dict:
     """One run in a fresh process (torch-ac forks its environment workers at import)."""
-    cmd = [sys.executable, __file__, "--one", name, "--seeds", str(seed), "--max-frames", str(max_frames)]
+    cmd = [sys.executable, __file__, "--one", name, "--seeds", str(seed), "--max-frames", str(max_frames),
+           "--ablation", ablation]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"{name}, seed {seed} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{name} ({ablation}), seed {seed} failed:\n{done.stderr[-3000:]}")
     record = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"name": name, "seed": seed, **record, "fps": record["frames"] / record["seconds"]}
+    variant = ablation if name == "chronomem" else name
+    print(f"  {variant}, seed {seed}: reached {TARGET} at {record['reached']}", file=sys.stderr, flush=True)
+    return {"name": name, "ablation": variant, "seed": seed, **record, "fps": record["frames"] / record["seconds"]}
+
+
+def ablation_table(records: list[dict], max_frames: int) -> str:
+    """Frames to 0.9 per variant and seed, the median, and its ratio to torch-ac's median."""
+    def frames(r):
+        return r["reached"] or float("inf")
+
+    peer = statistics.median(frames(r) for r in records if r["name"] == "torch-ac")
+    lines = [f"| variant (one difference from ours) | frames to {TARGET} per seed | median | x torch-ac | solved |",
+             "|---|---|---|---|---|"]
+    for variant in dict.fromkeys(r["ablation"] for r in records):
+        mine = [r for r in records if r["ablation"] == variant]
+        median = statistics.median(frames(r) for r in mine)
+        per_seed = ", ".join(f"{r['reached'] / 1000:.0f}k" if r["reached"] else f"> {max_frames / 1000:.0f}k"
+                             for r in mine)
+        shown = f"{median:,.0f}" if median != float("inf") else "not reached"
+        ratio = f"{median / peer:.2f}x" if median != float("inf") and peer != float("inf") else "-"
+        lines.append(f"| {variant} | {per_seed} | {shown} | {ratio} | {sum(bool(r['reached']) for r in mine)}/"
+                     f"{len(mine)} |")
+    return "\n".join(lines)
 
 
 def table(records: list[dict], max_frames: int) -> str:
@@ -170,6 +251,11 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--max-frames", type=int, default=400_000, help="a run that has not reached 0.9 stops here")
     parser.add_argument("--json", help="write the conditions and the records here")
+    parser.add_argument("--ablate", nargs="*", metavar="VARIANT",
+                        help="frames to 0.9 of torch-ac and of ours with one difference from torch-ac at a time "
+                             f"(default: every one of {', '.join(ABLATIONS)}); runs --jobs at a time")
+    parser.add_argument("--jobs", type=int, default=1, help="--ablate: runs at a time (one per core)")
+    parser.add_argument("--ablation", default="ours", choices=sorted(ABLATIONS), help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=sorted(RUNNERS), help=argparse.SUPPRESS)  # a child process's run
     args = parser.parse_args(argv)
     if args.max_frames < NUM_ENVS * FRAMES_PER_ENV:
@@ -178,7 +264,23 @@ def main(argv=None) -> None:
         import torch
 
         torch.set_num_threads(1)
-        print(json.dumps(RUNNERS[args.one](args.seeds[0], args.max_frames)))
+        options = {"ablation": args.ablation} if args.one == "chronomem" else {}
+        print(json.dumps(RUNNERS[args.one](args.seeds[0], args.max_frames, **options)))
+        return
+    if args.ablate is not None:
+        unknown = [v for v in args.ablate if v not in ABLATIONS]
+        if unknown:
+            parser.error(f"--ablate: unknown variants {unknown}; choose from {', '.join(ABLATIONS)}")
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = [("torch-ac", seed, "ours") for seed in args.seeds]
+        jobs += [("chronomem", seed, variant) for variant in (args.ablate or ABLATIONS) for seed in args.seeds]
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            records = list(pool.map(lambda job: measure(job[0], job[1], args.max_frames, job[2]), jobs))
+        print(ablation_table(records, args.max_frames))
+        if args.json:
+            with open(args.json, "x") as f:  # never overwrite another run's file
+                json.dump({"records": records}, f, indent=2)
         return
     records = []
     measured = Measured(threads=1, log=print).start()  # the runs' processes: one torch thread each

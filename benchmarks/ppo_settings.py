@@ -16,7 +16,8 @@ away: 80 leaves room for sampled actions).
     python benchmarks/ppo_settings.py --list
 
 Each setting is a set of ``chronomem.rl.ppo.Args`` changes on the control's agent; the table is sorted by
-the median seconds to the threshold (a run that does not reach it counts as never).
+the median seconds to the threshold (a run that does not reach it counts as never; ties: more seeds
+learned first).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def table(control: str, records: list[dict]) -> str:
         times = [r["seconds"] if r["reached"] else float("inf") for r in mine]
         frames = [r["reached"] or float("inf") for r in mine]
         rows.append((statistics.median(times), setting, mine, statistics.median(frames)))
-    rows.sort(key=lambda row: row[0])
+    # by the median time; among settings that never got there in the median, the one with more seeds learned
+    rows.sort(key=lambda row: (row[0], -sum(bool(r["reached"]) for r in row[2])))
     lines = [f"{control}: {c.about} (cap {c.max_frames:,} frames, one thread per run)", "",
              "| setting | learned | median seconds | median frames | per seed: seconds (frames) | frames/s | "
              "median approx_kl |", "|---|---|---|---|---|---|---|"]

@@ -18,15 +18,31 @@ _load(experiments=True)
 
 def test_ballet_rl_smoke(tmp_path):
     results = run_experiment(get_experiment("ballet-rl"), "smoke", tmp_path, progress=False)
-    assert set(results["results"]) == {"lstm", "transformer-xl", "htm"}
+    assert set(results["results"]) == {"mlp", "lstm", "transformer-xl", "htm"}
     for model, row in results["results"].items():
         assert set(row) == {"2_delay16"} and 0 <= row["2_delay16"] <= 100
-        assert results["paper"][model]["8_delay48"] > 0  # Table 3 beside ours
+        if model != "mlp":
+            assert results["paper"][model]["8_delay48"] > 0  # Table 3 beside ours
         assert results["extra"][model]["runs"][0]["frames"] == 16
     assert (tmp_path / "learning_curves.png").stat().st_size > 0
-    assert "success rate" in (tmp_path / "report.md").read_text()
-    assert json.loads((tmp_path / "results.json").read_text())["config"]["train_env"] == ballet_id(
-        "mixture", "symbolic")
+    report = (tmp_path / "report.md").read_text()
+    assert "success rate" in report
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["config"]["train_env"] == ballet_id("mixture", "symbolic")
+    # the control: every model on the any-dancer level, first; where a seed did not learn it (2 episodes
+    # after 16 frames: an untrained agent, lucky or not), the report says so above everything else
+    control = saved["control"]
+    assert saved["config"]["control_env"] == ballet_id("2_delay16", "symbolic", any_dancer=True)
+    assert set(control["learned"]) == set(results["results"])
+    for model, rows in saved["extra"]["control"].items():
+        assert [row["learned"] for row in rows] == control["learned"][model]
+        assert rows[0]["learned"] == (rows[0]["success"]["2_delay16"] >= 90 and rows[0]["length"]["2_delay16"] <= 80)
+    assert all((tmp_path / "control" / f"{m}-seed0" / "config.json").exists() for m in results["results"])
+    assert not all(map(all, control["learned"].values()))
+    assert report.index("**The control was not learned**") < report.index("Ballet as an RL task")
+    assert "| mlp |" in report.split("Control:")[1]
+    claims = {c["text"] for c in saved["claims"]}
+    assert "HTM above the memoryless agent" in claims
 
 
 def test_popgym_smoke(tmp_path, monkeypatch):

@@ -141,6 +141,36 @@ def seeds_markdown(run: dict[str, Any]) -> list[str]:
     return ["Per seed, in seed order:", "", *(f"- {m}, {s}: {_seeds_text(values)}" for m, s, values in listed)]
 
 
+def control_warning(run: dict[str, Any]) -> list[str]:
+    """The line that heads the report of an RL run whose control (``run["control"]``) some seed did not
+    learn: its memory table cannot be read. Empty otherwise."""
+    learned = (run.get("control") or {}).get("learned", {})  # {model: [bool per seed]}
+    failed = ", ".join(f"`{m}` ({sum(seeds)}/{len(seeds)} seeds)" for m, seeds in learned.items() if not all(seeds))
+    if not failed:
+        return []
+    return [f"**The control was not learned** by {failed}: with these settings the table below cannot tell "
+            "memory from learning at all, so its cells cannot be read as a memory result.", ""]
+
+
+def control_markdown(run: dict[str, Any]) -> list[str]:
+    """The lines on an RL run's control (docs/rl.md "Controls and the memoryless agent"): the task with
+    its memory demand removed, trained with the run's settings, each model's number per seed, and how
+    many seeds learned it. Empty for a run without a control."""
+    control = run.get("control")
+    if not control:
+        return []
+    learned = control["learned"]
+    every = all(all(seeds) for seeds in learned.values())
+    lines = [f"Control: {control['task']} (no memory needed), trained with the same settings for "
+             f"{control['frames']:,} frames; learned: {control['threshold']}."
+             + (" Every seed of every model learned it." if every else ""), "",
+             f"| model | {control['metric']} per seed | learned |", "|---|---|---|"]
+    for model, values in control["per_seed"].items():
+        shown = ", ".join(format_value(v) for v in values)
+        lines.append(f"| {model} | {shown} | {sum(learned[model])}/{len(learned[model])} |")
+    return lines
+
+
 def report_markdown(experiment, results: dict) -> str:
     """``OUT/report.md`` of one run: the experiment's description, ours beside the paper's (with the 95%
     interval of each mean over seeds, the chance level), the seeds, the paper's claims judged, the notes,
@@ -151,9 +181,11 @@ def report_markdown(experiment, results: dict) -> str:
                 if budget is not None else "Each model trained for its scale's step count (no time budget).")
     metrics = results.get("extra", {}).get("metrics")  # the tour's metric of each experiment
     several = any(len(values) > 1 for row in (results.get("per_seed") or {}).values() for values in row.values())
+    control = [*control_markdown(results), ""] if results.get("control") else []  # above the memory table
     parts = [
         f"# {experiment.name} — scale `{results['scale']}`",
         "",
+        *control_warning(results),
         experiment.description,
         "",
         ("" if several_experiments(results["results"]) else
@@ -163,6 +195,7 @@ def report_markdown(experiment, results: dict) -> str:
         + (f"Paper numbers: {experiment.paper_source}. " if experiment.paper_source else "")
         + protocol,
         "",
+        *control,
         comparison_table(results["results"], results["paper"], metrics, run=results,
                          label=getattr(experiment, "chance_label", None)),
         "",
@@ -684,6 +717,8 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
         f"{'wall time' if not several else 'wall times'} "
         + ", ".join(_wall_time(r) for r in runs) + f"; {_code(runs)}.",
         "",
+        *[line for run in runs if run.get("control")
+          for line in [*control_warning(run), *control_markdown(run), ""]],
         *spread_table(runs),
     ]
     if first.get("metric"):

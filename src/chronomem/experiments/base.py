@@ -255,6 +255,7 @@ def finish(experiment: Experiment, scale: str, out: Path, produced: dict, second
         "seconds": round(seconds, 1),
         "code": code_version(),
         **({"extra": produced["extra"]} if "extra" in produced else {}),
+        **({"control": produced["control"]} if "control" in produced else {}),
     }
     if not several_experiments(rows):  # the tour's rows each have their own experiment's (chronomem.report)
         results["chance"] = resolve_chance(experiment, results)

@@ -57,9 +57,12 @@ def ppo_run(env_id: str, model: str, options: dict, ppo: dict, frames: int, seed
     """One PPO run of ``frames`` frames; returns ``chronomem.rl.ppo.PPOResult``.
 
     ``reuse`` (``chronomem run --resume``): if ``out`` holds this run finished, load it instead of
-    training it again (``finished_run``); a run that did not finish trains again from its start, so the
-    table is the one an uninterrupted ``chronomem run`` gives."""
+    training it again (``finished_run``). A run cut short continues from its last checkpoint (a scale
+    whose runs are long saves one every ``checkpoint_every`` updates); the environments restart with new
+    seeds there and the memory empty, so a continued run is not the uninterrupted one step for step
+    (``chronomem.rl.ppo.train``). One cut before its first checkpoint trains again from its start."""
     from chronomem.rl.ppo import Args, train
+    from chronomem.train.resume import find_run
 
     args = Args(env=env_id, core=model, total_frames=frames, seed=seed, progress=progress,
                 out=None if out is None else str(out), **ppo)
@@ -67,6 +70,9 @@ def ppo_run(env_id: str, model: str, options: dict, ppo: dict, frames: int, seed
         if (result := finished_run(args, options)) is not None:
             return result
         if (Path(out) / "config.json").exists():  # this very run, cut short (finished_run checked its settings)
+            run = find_run(out, kind="ppo")
+            if run.checkpoint is not None:
+                return train(args, options, resume=run)
             shutil.rmtree(out)
     return train(args, options)
 

@@ -1,0 +1,78 @@
+"""benchmarks/ppo_settings.py (settings by time to a control's threshold) and benchmarks/ppo_peer.py's
+ablation, on their smallest runs: a run stops at its control's threshold, the tables sort and count as
+they say, and each ablation changes what it names. No timing is asserted."""
+
+import pytest
+import torch
+
+from helpers import load_benchmark
+
+pytest.importorskip("minigrid")
+
+ppo_settings = load_benchmark("ppo_settings")
+ppo_peer = load_benchmark("ppo_peer")
+
+CUE = "chronomem/CueRecall-v0"
+
+
+def tiny_control(**changes):
+    values = dict(env=CUE, agent=dict(core="lstm", dim=16, hidden=16),
+                  grid={"small": dict(num_envs=4, num_steps=16, num_minibatches=2, lr=5e-3)},
+                  stop_return=-1.0, max_frames=256, about="CueRecall, any return")
+    return ppo_settings.Control(**{**values, **changes})
+
+
+def test_a_run_stops_at_the_first_update_that_meets_the_threshold(monkeypatch):
+    monkeypatch.setitem(ppo_settings.CONTROLS, "tiny", tiny_control())
+    reached = ppo_settings.run_one("tiny", "small", seed=1)
+    assert reached["reached"] == reached["frames"] == 64  # every return is >= -1: the first update stops it
+    monkeypatch.setitem(ppo_settings.CONTROLS, "tiny", tiny_control(stop_length=0.5))  # no episode is this short
+    missed = ppo_settings.run_one("tiny", "small", seed=1)
+    assert missed["reached"] is None and missed["frames"] == 256
+
+
+def test_the_table_sorts_by_median_seconds_and_counts_a_missed_threshold_as_never(monkeypatch):
+    monkeypatch.setitem(ppo_settings.CONTROLS, "tiny", tiny_control())
+
+    def record(setting, seed, seconds, reached):
+        return {"setting": setting, "seed": seed, "seconds": seconds, "reached": reached, "frames": 1000,
+                "fps": 100, "approx_kl_median": 1e-3}
+
+    records = [record("slow", 1, 50.0, 900), record("slow", 2, 60.0, 1000),
+               record("never", 1, 5.0, None), record("never", 2, 5.0, None),
+               record("fast", 1, 10.0, 500), record("fast", 2, 30.0, None)]  # median of 10 and never: never
+    lines = ppo_settings.table("tiny", records).splitlines()
+    rows = [line.split(" | ")[0].strip("| ") for line in lines if line.startswith("| ") and "setting" not in line]
+    assert rows == ["slow", "fast", "never"]
+    assert "| slow | 2/2 | 55 | 950 |" in lines[4]
+
+
+def test_the_ablations_change_what_they_name():
+    from chronomem.envs.make import make_vector_env
+    from chronomem.rl.ppo import Args, make_agent
+
+    envs = make_vector_env("MiniGrid-DoorKey-5x5-v0", 2)
+    spaces = envs.single_observation_space, envs.single_action_space
+    envs.close()
+    agent = make_agent(Args(), {}, *spaces)
+    ppo_peer.torch_ac_agent(agent, "init")
+    for module in agent.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.testing.assert_close(module.weight.norm(dim=1), torch.ones(module.weight.shape[0]))
+            assert not module.bias.any()
+    ppo_peer.torch_ac_agent(agent, "image")
+    obs = {"image": torch.randint(0, 3, (1, 1, 7, 7, 3)), "direction": torch.tensor([[0]]),
+           "mission": torch.randint(1, 5, (1, 1, spaces[0]["mission"].shape[0]))}
+    other = {**obs, "direction": torch.tensor([[2]]), "mission": torch.randint(1, 5, obs["mission"].shape)}
+    torch.testing.assert_close(agent.encoder(obs), agent.encoder(other))  # only the image reaches the core
+    assert set(ppo_peer.ABLATIONS) >= {"ours", "all of torch-ac's"}
+    for changes in ppo_peer.ABLATIONS.values():  # every Args change is a real setting
+        Args(**{k: v for k, v in changes.items() if k != "agent"})
+
+
+def test_the_ablation_table_gives_each_variant_against_torch_ac():
+    records = [{"name": "torch-ac", "ablation": "torch-ac", "seed": s, "reached": r} for s, r in ((1, 100), (2, 300))]
+    records += [{"name": "chronomem", "ablation": "ours", "seed": s, "reached": r} for s, r in ((1, 300), (2, None))]
+    lines = ppo_peer.ablation_table(records, max_frames=1000).splitlines()
+    assert lines[2] == "| torch-ac | 0k, 0k | 200 | 1.00x | 2/2 |"
+    assert lines[3] == "| ours | 0k, > 1k | not reached | - | 1/2 |"
