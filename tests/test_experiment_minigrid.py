@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("minigrid")
 
-MODELS = ("lstm", "mem-lstm", "relevance-lstm")
+MODELS = ("mlp", "lstm", "mem-lstm", "relevance-lstm")
 COLUMNS = {"DoorKey-5x5", "DoorKey-16x16"}
 
 
@@ -43,7 +43,13 @@ def test_smoke_results_structure(smoke_runs):
     assert all(run["frames"] == SCALES["smoke"].frames for run in runs)
     assert all(set(run["eval"]) == COLUMNS and run["eval"]["DoorKey-16x16"]["episodes"] == 4 for run in runs)
     assert (out / "runs" / "doorkey" / "lstm" / "seed_3" / "config.json").exists()
-    assert (out / "report.md").read_text().count("| relevance-lstm |") == 1
+    report = (out / "report.md").read_text()
+    assert report.count("| relevance-lstm |") == 2  # the control's table and the memory table
+    # the control: DoorKey-5x5's own cell, per seed, learned at 0.9
+    control = results["control"]
+    assert control["per_seed"] == {m: results["extra"]["per_seed"][m]["DoorKey-5x5"]["return_mean"] for m in MODELS}
+    assert control["learned"] == {m: [r >= 0.9 for r in control["per_seed"][m]] for m in MODELS}
+    assert "Control: `MiniGrid-DoorKey-5x5-v0`" in report
 
 
 def test_same_seed_same_numbers(smoke_runs):
@@ -63,7 +69,7 @@ def test_extra_rows_and_refused_cores(tmp_path):
     assert results["extra"]["refused"] == {}  # every extra core now takes episode ends inside a call
     assert set(results["results"]["htm"]) == COLUMNS
     assert results["paper"] == {}
-    with pytest.raises(ValueError, match="valid models: lstm, mem-lstm, relevance-lstm, htm, tlb, gtrxl"):
+    with pytest.raises(ValueError, match="valid models: mlp, lstm, mem-lstm, relevance-lstm, htm, tlb, gtrxl"):
         run_experiment(experiment, "smoke", tmp_path / "bad", models=("nope",), progress=False)
 
 

@@ -53,9 +53,13 @@ def test_popgym_smoke(tmp_path, monkeypatch):
     run_experiment(get_experiment("popgym"), "smoke", tmp_path, progress=False)
     saved = json.loads((tmp_path / "results.json").read_text())
     results = saved["results"]
-    assert list(results) == ["lstm", "gtrxl", "htm"]
+    assert list(results) == ["mlp", "lstm", "gtrxl", "htm"]
     smoke = {"RepeatPreviousEasy", "MineSweeperEasy"}
-    for model in ("lstm", "gtrxl", "htm"):
+    # the control first, for every core, on the task with the memory demand removed
+    assert set(saved["control"]["learned"]) == set(results) and saved["control"]["frames"] == 64
+    assert all((tmp_path / f"{m}-RepeatCurrent-seed0" / "config.json").exists() for m in results)
+    assert "Control: `popgym-RepeatCurrent-v0`" in (tmp_path / "report.md").read_text()
+    for model in ("mlp", "lstm", "gtrxl", "htm"):
         assert set(results[model]) == smoke
         assert all(-1 <= v <= 1 for v in results[model].values())
     published = {m: {s: v for s, v in row.items() if s in smoke} for m, row in popgym_experiment.PAPER.items()}

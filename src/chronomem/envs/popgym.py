@@ -17,6 +17,12 @@ maximum over training of the mean episodic return (MMER), needs no further norma
 
 ``LabyrinthEscape`` and ``LabyrinthExplore`` exist only when ``mazelib`` is installed (POPGym
 registers them then); building one without it is a ValueError saying so.
+
+``CONTROL_ID`` (``popgym-RepeatCurrent-v0``, ours, not one of POPGym's ids) is the control of the
+memory tasks (docs/rl.md "Controls and the memoryless agent"): POPGym's ``RepeatPrevious`` with one
+deck and ``k = 1``, where the suit to name is that of the card in view, so a memoryless policy earns
+the full return of 1 (POPGym's ``k = 0`` would index the first card, ``[-0]``, not the current one).
+The rest is RepeatPreviousEasy's: its cards, its episode of 51 steps, its rewards of +-1/51.
 """
 
 from __future__ import annotations
@@ -53,12 +59,19 @@ def is_popgym(env_id: str) -> bool:
     return isinstance(env_id, str) and env_id.startswith("popgym-")
 
 
+CONTROL_ID = "popgym-RepeatCurrent-v0"
+
+
 def register() -> bool:
-    """Import POPGym (which registers its ids); False when it is not installed."""
+    """Import POPGym (which registers its ids) and register ``CONTROL_ID``; False when it is not installed."""
     try:
+        import gymnasium as gym
         import popgym  # noqa: F401
     except ModuleNotFoundError:
         return False
+    if CONTROL_ID not in gym.registry:
+        gym.register(CONTROL_ID, entry_point="popgym.envs.repeat_previous:RepeatPrevious",
+                     kwargs={"num_decks": 1, "k": 1})
     return True
 
 

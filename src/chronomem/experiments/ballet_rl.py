@@ -2,7 +2,7 @@
 on Ballet.
 
 As in the paper (App. B.1) one agent per memory trains on the uniform mixture of the six levels
-(``chronomem/Ballet-mixture[-symbolic]-v0``; the quick scale: on ``2_delay16`` alone) and is then
+(``chronomem/Ballet-mixture[-symbolic]-v0``; a scale may train on one level, ``train_level``) and is then
 measured on each level of Table 3: the success rate (% of episodes ending on the target dancer; a
 time-out scores 0, as in the paper) over ``eval_episodes`` fresh episodes per level, actions sampled.
 The paper's number is the mean of the evaluations during the last 1% of training; ours is one
@@ -35,7 +35,15 @@ import numpy as np
 from chronomem.envs.ballet_world import LEVELS, MIXTURE, ballet_id, cue_step, parse_level
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
-from chronomem.experiments.rl_runs import PPORun, check_cores, check_no_time_budget, curve, mean_curve, plot_curves
+from chronomem.experiments.rl_runs import (
+    PPORun,
+    check_cores,
+    check_no_time_budget,
+    control_summary,
+    curve,
+    mean_curve,
+    plot_curves,
+)
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
 
@@ -79,16 +87,13 @@ SCALES = {
         models={"mlp": {}, "htm": dict(chunk_size=4, memory_size=4, top_k=2), "transformer-xl": dict(mem_len=8),
                 "lstm": {}},
         levels=("2_delay16",), control_frames=16),
-    # 2_delay16 alone, first (issue 50): the level on which the one public budget was measured (an LSTM
-    # learned an easier variant in ~15M frames), trained for that budget; the settings learned the control
-    # fastest in wall-clock time (docs/rl.md "Settings by time to learn"); a time-out is a failure to the
-    # learner (--timeout failure, docs/rl.md "Ballet's time-out"); a checkpoint every ~0.5M frames, so
-    # that a run cut by the end of a session continues with --resume.
+    # CPU-sized agents (CPU_AGENT), 64 natively batched envs. Frames: the throughput measured in docs/rl.md
+    # ("Throughput") puts 3 cores x 3 seeds x 2M frames at about 2 hours of 2 cores.
     "quick": BalletRLScale(
-        observation="symbolic", frames=15_001_600, seeds=1, eval_episodes=200,
-        ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=4, lr=1e-3,
-                 ent_coef=0.01, norm_adv=True, timeout="failure", checkpoint_every=250),
-        models=CPU_MODELS, levels=("2_delay16",), train_level="2_delay16", control_frames=409_600),
+        observation="symbolic", frames=2_000_000, seeds=3, eval_episodes=200,
+        ppo=dict(**CPU_AGENT, num_envs=64, num_steps=64, num_minibatches=4, update_epochs=4, lr=3e-4,
+                 ent_coef=1e-3),
+        models=CPU_MODELS),
     # The paper's training length is not in its text (only Fig. 3's axis): 1e9 frames is our choice.
     "paper": BalletRLScale(
         observation="pixels", frames=1_000_000_000, seeds=3, eval_episodes=1000,
@@ -180,13 +185,12 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     if control_rows:
         config["control_env"] = control_env
         extra["control"] = control_rows
-        produced["control"] = {
-            "task": f"`{control_env}` (any dancer pays)", "frames": s.control_frames,
-            "metric": "success (%): episodes ending on a dancer",
-            "threshold": f"success >= 90% and episodes of at most {control_length(s.control_level)} steps on "
-                         f"average ({s.eval_episodes} evaluation episodes)",
-            "per_seed": {m: [r["success"][s.control_level] for r in rows] for m, rows in control_rows.items()},
-            "learned": {m: [r["learned"] for r in rows] for m, rows in control_rows.items()}}
+        produced["control"] = control_summary(
+            f"`{control_env}` (any dancer pays)", s.control_frames, "success (%): episodes ending on a dancer",
+            f"success >= 90% and episodes of at most {control_length(s.control_level)} steps on average "
+            f"({s.eval_episodes} evaluation episodes)",
+            {m: [r["success"][s.control_level] for r in rows] for m, rows in control_rows.items()},
+            {m: [r["learned"] for r in rows] for m, rows in control_rows.items()})
     plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
     return produced
 
@@ -234,11 +238,9 @@ BALLET_RL = register_experiment(
         "level, actions sampled; a time-out counts as a failure (as in the paper). Chance is 1/n (50% with 2 "
         "dancers, 12.5% with 8), where the memoryless agent (`mlp`) must stay. The control: the same level "
         "where any dancer pays (no memory needed), trained with the same settings first; a table whose "
-        "control was not learned says nothing about memory. Quick: 2_delay16 alone, trained and evaluated "
-        "(the paper trains on the mixture of six levels), symbolic observations, CPU-sized agents "
+        "control was not learned says nothing about memory. Quick: symbolic observations, CPU-sized agents "
         "(deviations: the per-cell vision, one step in 8 reconstructed; docs/rl.md, 'A Ballet agent sized for "
-        "a CPU'), the settings that learned the control fastest (docs/rl.md 'Settings by time to learn'), "
-        "the time-out a failure to the learner too; paper: pixels, the paper's sizes and the mixture. "
+        "a CPU'); paper: pixels, the paper's sizes and the mixture. "
         "learning_curves.png: mean return of the training episodes against frames, mean over seeds with a "
         "band from the lowest to the highest seed; dashed, the return of walking onto a random dancer.",
         chance={level: 100 / parse_level(level)[0] for level in LEVELS},

@@ -1,11 +1,14 @@
 """minigrid-transfer (paper 004 Sec. 3.2, Table 3): agents trained on a small MiniGrid, tested on a large one.
 
-Each core (LSTM, MemLSTM, ReLSTM with nu = rho = 5) is the memory of a PPO agent
+Each core (LSTM, MemLSTM, ReLSTM with nu = rho = 5; beside them, from us, the memoryless ``mlp``) is
+the memory of a PPO agent
 (``chronomem.rl.ppo``, rl-starter-files' settings: docs/rl.md) trained for a fixed number of frames on
 the small environment of a pair (``chronomem.envs.minigrid.PAIRS``); the trained agent's mean return
 over ``episodes`` episodes is measured on the small and on the large environment
 (``chronomem.rl.evaluate``; actions sampled, evaluation seeds apart from the training ones). A cell is
 the mean over the seeds; ``extra`` holds every seed's numbers, the success rates and the runs' speed.
+DoorKey-5x5 is also the control (results.json's ``control``): a task that needs no memory, which the
+settings must learn (mean return >= 0.9) on every seed before the Memory columns say anything.
 HTM, TLB and GTrXL are extra rows (beyond the paper), run only when named with ``--models``; a core
 the agent cannot use (one that does not take episode ends inside a call yet) gets ``"n/a"`` cells
 and its reason in ``extra``.
@@ -26,7 +29,7 @@ from typing import Any
 from chronomem.envs.minigrid import PAIRS
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
-from chronomem.experiments.rl_runs import check_no_time_budget, ppo_run
+from chronomem.experiments.rl_runs import check_no_time_budget, control_summary, ppo_run
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
 from chronomem.threads import threads_set_to
@@ -55,6 +58,7 @@ PAPER: dict[str, dict[str, float]] = {
 
 # Core options: ReLSTM's short-term buffer nu = 5 and relevant set rho = 5 (paper 004 Sec. 3.2).
 MODELS: dict[str, dict[str, Any]] = {
+    "mlp": {},  # no memory: the bar the memories must clear (beyond the paper)
     "lstm": {},
     "mem-lstm": {},
     "relevance-lstm": {"buffer_size": 5, "relevant_size": 5},
@@ -84,7 +88,8 @@ class TransferScale:
 
 SCALES: dict[str, TransferScale] = {
     # Seconds: 64 frames per run and evaluation episodes cut at 16 steps.
-    "smoke": TransferScale(pairs=("doorkey",), models=PAPER_MODELS, frames=64, episodes=4, seeds=2, num_envs=4,
+    "smoke": TransferScale(pairs=("doorkey",), models=("mlp", *PAPER_MODELS), frames=64, episodes=4, seeds=2,
+                           num_envs=4,
                            num_steps=8, num_minibatches=2, dim=16, eval_max_steps=16),
     # docs/rl.md, "minigrid-transfer": 120 updates of 16 x 128 frames for DoorKey; 300 for Memory, whose
     # LSTM agent leaves chance only after about 500k frames (a probe: 0.48 at 450k, 0.93 at 512k).
@@ -96,6 +101,9 @@ SCALES: dict[str, TransferScale] = {
 }
 
 EVAL_SEED = 1_000_000  # evaluation episodes are seeded apart from every training seed
+# The control (docs/rl.md "Controls and the memoryless agent"): DoorKey-5x5 needs no memory (the 7x7 view
+# shows the key, the door and the goal), and rl-starter-files' settings solve it; learned at this return.
+CONTROL, CONTROL_LEARNED = "DoorKey-5x5", 0.9
 
 
 @dataclass(frozen=True)
@@ -194,7 +202,14 @@ def summarise(rows: list[dict], models: tuple[str, ...], refused: dict[str, str]
              for m in models if m in PAPER}
     config = {"scale": dataclasses.asdict(s), "models": {m: MODELS[m] for m in models},
               "pairs": {p: dataclasses.asdict(PAIRS[p]) for p in s.pairs}, "eval_seed": EVAL_SEED}
-    return {"results": results, "per_seed": per_seed, "paper": paper, "config": config, "extra": extra}
+    produced = {"results": results, "per_seed": per_seed, "paper": paper, "config": config, "extra": extra}
+    if "doorkey" in s.pairs:  # the control is a cell of the table itself: its own runs, not extra ones
+        trained = {m: per_seed[m][CONTROL] for m in models if m in per_seed}
+        produced["control"] = control_summary(
+            f"`{PAIRS['doorkey'].train}` (the 7x7 view shows key, door and goal)", s.frames_of("doorkey"),
+            "mean return", f"mean return >= {CONTROL_LEARNED} over {s.episodes} evaluation episodes", trained,
+            {m: [r >= CONTROL_LEARNED for r in returns] for m, returns in trained.items()})
+    return produced
 
 
 MINIGRID_TRANSFER = register_experiment(
@@ -217,6 +232,7 @@ MINIGRID_TRANSFER = register_experiment(
             Claim("ReLSTM solves MemoryS7 where MemLSTM does not", "relevance-lstm", "mem-lstm",
                   settings=("MemoryS7",)),
         ),
-        notes="HTM, TLB and GTrXL rows (--models) are beyond the paper.",
+        notes="HTM, TLB and GTrXL rows (--models) are beyond the paper, as is the memoryless row (`mlp`): a "
+              "memory result needs a memory above it. The control is DoorKey-5x5 (no memory needed).",
     )
 )

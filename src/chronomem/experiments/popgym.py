@@ -31,13 +31,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chronomem.envs.popgym import DIFFICULTIES, ENVS, all_ids, popgym_id
+from chronomem.envs.popgym import CONTROL_ID, DIFFICULTIES, ENVS, all_ids, popgym_id
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.experiments.rl_runs import (
     PPORun,
     check_cores,
     check_no_time_budget,
+    control_summary,
     curve,
     max_mean_return,
     mean_curve,
@@ -48,6 +49,7 @@ from chronomem.experiments.rl_runs import (
 from chronomem.registry import register_experiment
 
 CORES = {
+    "mlp": {},  # no memory: the bar the memories must clear (POPGym's MLP baseline)
     "lstm": {},
     "relevance-lstm": {"buffer_size": 5, "relevant_size": 5},
     "mem-lstm": {},
@@ -57,6 +59,7 @@ CORES = {
     "htm": {"chunk_size": 16, "top_k": 4, "memory_size": 64},
 }
 NOT_RUN = "not run: no done"
+CONTROL_LEARNED = 0.9  # the control's MMER (a memoryless policy can earn 1)
 
 # POPGym's 13 memory models (paper Sec. 4, its ``popgym/baselines/ray_models``) by their row names
 # here. ``lstm`` is ours too, so the paper's LSTM is the paper column of our lstm row.
@@ -79,13 +82,16 @@ class PopgymScale:
     seeds: int
     ppo: dict = field(default_factory=dict)  # chronomem.rl.ppo.Args fields
     models: dict = field(default_factory=lambda: dict(CORES))
+    control_frames: int = 0  # per (core, seed) on CONTROL_ID, trained first (0: no control)
 
 
 SCALES = {
     "smoke": PopgymScale(
         envs=(popgym_id("RepeatPrevious"), popgym_id("MineSweeper")), frames=128, seeds=1,
         ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=32, num_minibatches=1, update_epochs=1),
-        models={"lstm": {}, "gtrxl": {"mem_len": 8}, "htm": {"chunk_size": 4, "memory_size": 4, "top_k": 2}}),
+        models={"mlp": {}, "lstm": {}, "gtrxl": {"mem_len": 8},
+                "htm": {"chunk_size": 4, "memory_size": 4, "top_k": 2}},
+        control_frames=64),
     # Frames: docs/rl.md "POPGym" gives the measured frames per second that sized them.
     # The two memory tests the attention cores must pass (RepeatPrevious: the observation k steps back;
     # RepeatFirst: the episode's first), 1M frames per run: 64 envs x 64 steps per update (the attention
@@ -101,7 +107,7 @@ SCALES = {
     "paper": PopgymScale(
         envs=tuple(popgym_id(name, d) for name in ENVS for d in DIFFICULTIES), frames=15_000_000, seeds=3,
         ppo=dict(dim=256, depth=1, heads=4, hidden=128, num_envs=64, num_steps=1024, num_minibatches=8,
-                 update_epochs=4, lr=5e-5)),
+                 update_epochs=4, lr=5e-5), control_frames=2_097_152),
 }
 
 
@@ -152,10 +158,17 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     skipped = {m: reason for m in chosen if (reason := takes_done(m, probe, s.ppo, s.models[m]))}
     out = Path(out)
     trained = [m for m in chosen if m not in skipped]
-    ppo_runs = [PPORun(env_id, model, s.models[model], s.ppo, s.frames, run_seed,
-                       str(out / f"{model}-{_name(env_id)}-seed{run_seed}"), progress and scale != "smoke", resume)
-                for model in trained for env_id in s.envs for run_seed in range(seed, seed + s.seeds)]
-    rows = iter(jobs.map(_train_run, ppo_runs))
+    seeds = range(seed, seed + s.seeds)
+
+    def run(env_id: str, model: str, frames: int, run_seed: int) -> PPORun:
+        return PPORun(env_id, model, s.models[model], s.ppo, frames, run_seed,
+                      str(out / f"{model}-{_name(env_id)}-seed{run_seed}"), progress and scale != "smoke", resume)
+
+    # the control first: short, and the table means nothing unless its settings learn it
+    controls = [run(CONTROL_ID, m, s.control_frames, r) for m in trained for r in seeds] if s.control_frames else []
+    memory = [run(e, m, s.frames, r) for m in trained for e in s.envs for r in seeds]
+    rows = iter(jobs.map(_train_run, [*controls, *memory]))
+    control = {model: [next(rows) for _ in seeds] for model in trained} if controls else {}
     results = {m: {_name(e): NOT_RUN for e in s.envs} for m in skipped}
     panels: dict[str, dict] = {_name(e): {} for e in s.envs}
     runs, per_seed = {}, {}
@@ -171,8 +184,18 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     results = {m: results[m] for m in chosen}
     config = {"scale": scale, **asdict(s), "models": list(chosen), "skipped": skipped}
     extra = {"runs": runs, "curves": panels, "random_return": random_returns(s.envs)}
+    produced = {"results": results, "per_seed": per_seed, "config": config, "paper": paper_rows(s.envs),
+                "extra": extra}
+    if control:
+        extra["control"] = control
+        produced["control"] = control_summary(
+            f"`{CONTROL_ID}` (RepeatPrevious with k = 1: name the suit of the card in view)", s.control_frames,
+            "MMER", f"MMER >= {CONTROL_LEARNED}",
+            {m: [row["mmer"] for row in ctl] for m, ctl in control.items()},
+            {m: [row["mmer"] is not None and row["mmer"] >= CONTROL_LEARNED for row in ctl]
+             for m, ctl in control.items()})
     plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
-    return {"results": results, "per_seed": per_seed, "config": config, "paper": paper_rows(s.envs), "extra": extra}
+    return produced
 
 
 def random_returns(envs: tuple[str, ...]) -> dict[str, float]:
@@ -197,6 +220,9 @@ def plot_learning_curves(results: dict, path: Path) -> None:
     if stored_means:
         panels = {name: {model: [points] for model, points in lines.items()} for name, lines in extra["curves"].items()}
     chance = extra.get("random_return") or random_returns(tuple(config["envs"]))
+    if extra.get("control"):  # the control's panel last
+        panels[f"control: {_name(CONTROL_ID)}"] = {m: [row["curve"] for row in ctl]
+                                                    for m, ctl in extra["control"].items()}
     plot_curves(panels, path, f"popgym ({results['scale']}): mean episodic return against frames", chance=chance,
                 ylim=(-1, 1), seeds=config["seeds"] if stored_means else None)
 

@@ -140,6 +140,15 @@ def finished_run(args, options: dict):
     return PPOResult(agent, frames, float(trainer["seconds"]), read_metrics(run_dir / "metrics.csv"))
 
 
+def control_summary(task: str, frames: int, metric: str, threshold: str, per_seed: dict[str, list],
+                    learned: dict[str, list[bool]]) -> dict:
+    """results.json's ``control`` (rendered by ``chronomem.report.control_markdown``): the task with its
+    memory demand removed, the frames each model trained on it with the run's settings, ``metric`` per
+    model and seed, the ``threshold`` in words, and whether each seed met it."""
+    return {"task": task, "frames": frames, "metric": metric, "threshold": threshold, "per_seed": per_seed,
+            "learned": learned}
+
+
 def curve(history: list[dict[str, Any]]) -> Curve:
     return [(int(row["step"]), float(row["return_mean"])) for row in history if "return_mean" in row]
 
