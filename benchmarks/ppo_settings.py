@@ -11,7 +11,8 @@ any-dancer control pays every contact, so a wandering policy earns most of it, a
 the agent walks to a dancer as soon as the dances end (the cue comes at step 62, a dancer is 3 steps
 away: 80 leaves room for sampled actions).
 
-    python benchmarks/ppo_settings.py --control ballet-any --seeds 1 2 --jobs 2 --json runs/settings.json
+    python benchmarks/ppo_settings.py --control ballet-any --seeds 1 2 --jobs 2 --jsonl runs/settings.jsonl
+    python benchmarks/ppo_settings.py --control ballet-any --table runs/settings.jsonl
     python benchmarks/ppo_settings.py --control doorkey --settings "16x128" "16x128 windows"
     python benchmarks/ppo_settings.py --list
 
@@ -54,16 +55,20 @@ class Control:
 
 def _ballet_grid() -> dict:
     failure = {**STARTER, "timeout": "failure"}
+    base = {**failure, "reconstruction": 0.0}  # the first grid's winner (docs/rl.md), varied one setting at a time
     return {
         "ballet-rl quick before (64x64, lr 3e-4, ent 1e-3)": BALLET_BEFORE,
         "16x128 (starter)": STARTER,
         "16x128 failure": failure,
-        "16x128 failure, no reconstruction": {**failure, "reconstruction": 0.0},
-        "16x128 failure, lr 3e-4": {**failure, "lr": 3e-4},
-        "16x128 failure, ent 1e-3": {**failure, "ent_coef": 1e-3},
-        "16x128 failure, windows of 16": {**failure, "recurrence": 16, "minibatch": "windows"},
-        "32x128 failure": {**failure, "num_envs": 32},
-        "64x128 failure": {**failure, "num_envs": 64},
+        "16x128 failure, no recon": base,
+        "16x128 failure, recon 0.1": {**failure, "reconstruction": 0.1},
+        "16x128 truncation, no recon": {**base, "timeout": "truncation"},
+        "16x128 failure, no recon, lr 3e-4": {**base, "lr": 3e-4},
+        "16x128 failure, no recon, ent 1e-3": {**base, "ent_coef": 1e-3},
+        "16x128 failure, no recon, no norm-adv": {**base, "norm_adv": False},
+        "16x128 failure, no recon, windows of 16": {**base, "recurrence": 16, "minibatch": "windows"},
+        "32x128 failure, no recon": {**base, "num_envs": 32},
+        "64x128 failure, no recon": {**base, "num_envs": 64},
     }
 
 
@@ -111,7 +116,7 @@ def _reached(row: dict, c: Control) -> bool:
             and (c.stop_length is None or row["length_mean"] <= c.stop_length))
 
 
-def measure(control: str, setting: str, seed: int) -> dict:
+def measure(control: str, setting: str, seed: int, stream: Path | None = None) -> dict:
     cmd = [sys.executable, __file__, "--one", control, setting, str(seed)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -119,7 +124,11 @@ def measure(control: str, setting: str, seed: int) -> dict:
     record = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"  {setting}, seed {seed}: reached at {record['reached']} frames, {record['seconds']} s "
           f"({record['fps']} frames/s)", file=sys.stderr, flush=True)
-    return {"setting": setting, "seed": seed, **record}
+    record = {"control": control, "setting": setting, "seed": seed, **record}
+    if stream is not None:  # one line per run as it ends: a sweep cut short keeps what it measured
+        with open(stream, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    return record
 
 
 def table(control: str, records: list[dict]) -> str:
@@ -141,9 +150,10 @@ def table(control: str, records: list[dict]) -> str:
         shown_s = f"{seconds:.0f}" if seconds != float("inf") else "not learned"
         shown_f = f"{frames:,.0f}" if frames != float("inf") else "-"
         fps = statistics.median(r["fps"] for r in mine)
-        kl = statistics.median(r["approx_kl_median"] for r in mine)
+        kls = [r["approx_kl_median"] for r in mine if r.get("approx_kl_median") is not None]
+        kl = f"{statistics.median(kls):.1e}" if kls else "-"
         lines.append(f"| {setting} | {sum(bool(r['reached']) for r in mine)}/{len(mine)} | {shown_s} | {shown_f} | "
-                     f"{per_seed} | {fps:,.0f} | {kl:.1e} |")
+                     f"{per_seed} | {fps:,.0f} | {kl} |")
     return "\n".join(lines)
 
 
@@ -153,7 +163,9 @@ def main(argv=None) -> None:
     parser.add_argument("--settings", nargs="+", help="a subset of the control's grid (default: all of it)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (one per core)")
-    parser.add_argument("--json", help="write the records here (a new file: an existing one is an error)")
+    parser.add_argument("--jsonl", help="append each run's record to this file as it ends (JSON lines)")
+    parser.add_argument("--table", nargs="+", metavar="JSONL", help="print the table of records already measured "
+                        "(--jsonl files, the --control's records) and exit")
     parser.add_argument("--list", action="store_true", help="print every control's grid and exit")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # a child process: control, setting, seed
     args = parser.parse_args(argv)
@@ -177,17 +189,17 @@ def main(argv=None) -> None:
         parser.error(f"--settings: {unknown} not in {args.control}'s grid ({', '.join(grid)})")
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    if args.json and Path(args.json).exists():
-        parser.error(f"--json {args.json} exists: a benchmark never overwrites another run's file")
+    if args.table:
+        records = [json.loads(line) for path in args.table for line in Path(path).read_text().splitlines() if line]
+        print(table(args.control, [r for r in records if r.get("control", args.control) == args.control]))
+        return
     jobs = [(args.control, setting, seed) for setting in settings for seed in args.seeds]
+    stream = Path(args.jsonl) if args.jsonl else None
+    if stream is not None:
+        stream.parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
-        records = list(pool.map(lambda job: measure(*job), jobs))
+        records = list(pool.map(lambda job: measure(*job, stream=stream), jobs))
     print(table(args.control, records))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"control": args.control, "config": CONTROLS[args.control].__dict__, "records": records}, f,
-                      indent=2, default=str)
 
 
 if __name__ == "__main__":
