@@ -79,7 +79,8 @@ CONTROLS = {
         about="Ballet 2_delay16 where any dancer pays (no memory needed); learned: return >= 0.9 in <= 80 steps"),
     "ballet-level": Control(
         env="chronomem/Ballet-2_delay16-symbolic-v0", agent=BALLET_AGENT,
-        grid={"16x128 (starter)": STARTER, "16x128 failure": {**STARTER, "timeout": "failure"}},
+        grid={"16x128 truncation, no recon": {**STARTER, "reconstruction": 0.0},
+              "16x128 failure, no recon": {**STARTER, "timeout": "failure", "reconstruction": 0.0}},
         stop_return=0.45, stop_length=80, max_frames=600_000,
         about="Ballet 2_delay16 itself: the time-out read both ways; 'learned' here is only walking to a "
               "dancer (return >= 0.45, chance is 0.5, in <= 80 steps), not remembering which"),
