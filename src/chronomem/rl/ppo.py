@@ -18,7 +18,8 @@ One update:
    ``info["final_obs"]``. A time-limit truncation is not a terminal state: its return is bootstrapped
    with the value of the final observation, computed at once with the ended episode's state (before
    the reset). A termination's next value is 0. Either way GAE stops at the episode's end, so no
-   advantage mixes two episodes.
+   advantage mixes two episodes. ``timeout="failure"`` (an agent-side choice; the envs keep their
+   semantics) stores a truncation as a termination instead: the return ends with what the env paid.
 3. **GAE** (Schulman et al. 2016, eq. 16, with lambda-returns as value targets).
 4. **Learning.** ``update_epochs`` epochs; each splits the ``B`` envs into ``num_minibatches``
    minibatches of whole env sequences (``T`` steps), replayed in one call of the agent from the
@@ -28,10 +29,13 @@ One update:
    with k = 16) truncates back-propagation through time: the ``T / k`` windows of a minibatch's
    sequences are replayed side by side in one call ``[b * T / k, k]``, each from the state stored while
    acting at its first step, so no gradient crosses a window's start. The default replays whole
-   rollouts (``k = T``). Loss: the clipped surrogate (PPO eq. 7), the clipped value loss
+   rollouts (``k = T``). ``minibatch="windows"`` draws the minibatches from all ``B * T / k`` windows
+   (torch-ac's composition) instead of whole env sequences. Loss: the clipped surrogate (PPO eq. 7), the clipped value loss
    (CleanRL's), minus the entropy bonus, plus the agent's weighted reconstruction loss when it has one
    (paper 001 App. A.1, ``ActorCritic(reconstruction=w)``); advantages optionally normalised per minibatch
-   (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run.
+   (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run. A
+   policy that stops moving (``approx_kl`` below ``stall_kl`` for ``stall_updates`` updates, the return
+   flat) is reported once (``StallWatch``).
 
 Scale-out (CleanRL's ``ppo_atari_multigpu.py`` pattern): under ``torchrun --nproc_per_node=K`` each of
 the K ranks is a learner with its own ``num_envs`` environments (seeded with ``seed + rank``) and its
