@@ -321,7 +321,8 @@ def test_ballet_rl_lists_its_seeds(tmp_path, monkeypatch):
     monkeypatch.setattr(ballet_rl, "plot_learning_curves", lambda *args: None)
     monkeypatch.setattr(ballet_rl, "_train_and_evaluate", lambda job: (
         {"seed": job.run.seed, "success": {level: fake_value(job.run.model, level, job.run.seed)
-                                           for level in job.scale.levels}, "curve": [(8, 0.5)]}, 1))
+                                           for level in job.scale.levels}, "curve": [(8, 0.5)],
+         **({"learned": True} if job.control else {})}, 1))
     produced = ballet_rl._run("smoke", tmp_path, 2, progress=False)
     check_per_seed(produced, [2, 3, 4], fake_value)
 
