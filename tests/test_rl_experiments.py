@@ -99,6 +99,32 @@ def test_mmer_and_mean_curves():
     assert mean_curve([[(16, 0.0), (24, 1.0)], [(16, 1.0)]]) == [(16, 0.5)]
 
 
+def test_a_run_cut_short_continues_from_its_last_checkpoint(tmp_path, monkeypatch):
+    """``ppo_run(reuse=True)`` on a run cut after a checkpoint (its later ones gone, as when a session
+    ends): it resumes from there and ends at its frames, the metrics of the frames before kept."""
+    import shutil
+
+    from chronomem.experiments import rl_runs
+    from chronomem.rl import ppo
+    from chronomem.train.metrics import read_metrics
+
+    settings = dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=8, num_minibatches=1,
+                    update_epochs=1, checkpoint_every=1)
+    run_dir = tmp_path / "run"
+    rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, settings, 64, 3, run_dir, progress=False)
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000064")  # cut after 48 frames (the last two are kept)
+    (run_dir / "checkpoints" / "latest").write_text("step_00000048")
+    resumed_from = []
+    train = ppo.train
+    monkeypatch.setattr(ppo, "train", lambda args, options, resume=None: resumed_from.append(resume) or train(
+        args, options, resume=resume))
+    result = rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, settings, 64, 3, run_dir, progress=False,
+                             reuse=True)
+    assert resumed_from[0].checkpoint.name == "step_00000048" and result.frames == 64
+    assert [row["step"] for row in result.history] == [64]  # trained now; the earlier rows are in metrics.csv
+    assert [int(row["step"]) for row in read_metrics(run_dir / "metrics.csv")] == [16, 32, 48, 64]
+
+
 def test_a_finished_run_is_loaded_as_it_ended(tmp_path, monkeypatch):
     """``ppo_run(reuse=True)`` on a finished run: the same weights, history, frames, and torch's random
     state as right after training, without training again."""
