@@ -31,9 +31,9 @@ One update:
    acting at its first step, so no gradient crosses a window's start. The default replays whole
    rollouts (``k = T``). ``minibatch="windows"`` draws the minibatches from all ``B * T / k`` windows
    (torch-ac's composition) instead of whole env sequences. Loss: the clipped surrogate (PPO eq. 7),
-   the clipped value loss (CleanRL's), minus the entropy bonus, plus the agent's weighted reconstruction loss when it has one
-   (paper 001 App. A.1, ``ActorCritic(reconstruction=w)``); advantages optionally normalised per minibatch
-   (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run. A
+   the clipped value loss (CleanRL's), minus the entropy bonus, plus the agent's weighted
+   reconstruction loss when it has one (paper 001 App. A.1, ``ActorCritic(reconstruction=w)``);
+   advantages optionally normalised per minibatch (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run. A
    policy that stops moving (``approx_kl`` below ``stall_kl`` for ``stall_updates`` updates, the return
    flat) is reported once (``StallWatch``).
 
