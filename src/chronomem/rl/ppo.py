@@ -33,9 +33,9 @@ One update:
    (torch-ac's composition) instead of whole env sequences. Loss: the clipped surrogate (PPO eq. 7),
    the clipped value loss (CleanRL's), minus the entropy bonus, plus the agent's weighted
    reconstruction loss when it has one (paper 001 App. A.1, ``ActorCritic(reconstruction=w)``);
-   advantages optionally normalised per minibatch (``norm_adv``); gradient norm clipped; the learning rate annealed linearly to 0 over the run. A
-   policy that stops moving (``approx_kl`` below ``stall_kl`` for ``stall_updates`` updates, the return
-   flat) is reported once (``StallWatch``).
+   advantages optionally normalised per minibatch (``norm_adv``); gradient norm clipped; the learning
+   rate annealed linearly to 0 over the run. A policy that stops moving (``approx_kl`` below
+   ``stall_kl`` for ``stall_updates`` updates, the return flat) is reported once (``StallWatch``).
 
 Scale-out (CleanRL's ``ppo_atari_multigpu.py`` pattern): under ``torchrun --nproc_per_node=K`` each of
 the K ranks is a learner with its own ``num_envs`` environments (seeded with ``seed + rank``) and its
