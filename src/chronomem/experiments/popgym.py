@@ -47,6 +47,7 @@ from chronomem.experiments.rl_runs import (
     takes_done,
 )
 from chronomem.registry import register_experiment
+from chronomem.report import Claim
 
 CORES = {
     "mlp": {},  # no memory: the bar the memories must clear (POPGym's MLP baseline)
@@ -99,11 +100,13 @@ SCALES = {
     # (its builder's 100 is sized for LRA's sequences of thousands of tokens). Advantages normalised:
     # POPGym's rewards are dense and small (+-1/52 a step in RepeatPrevious), so raw advantages of ~0.02
     # lose to the entropy bonus and the policy never leaves uniform (docs/rl.md "POPGym": a probe).
+    # The control first: 200k frames on RepeatCurrent for every core (the memoryless agent passes it,
+    # docs/rl.md "POPGym").
     "quick": PopgymScale(
         envs=tuple(popgym_id(name) for name in ("RepeatPrevious", "RepeatFirst")), frames=1_000_000, seeds=3,
         ppo=dict(dim=64, depth=1, heads=4, hidden=64, num_envs=64, num_steps=64, num_minibatches=4,
                  update_epochs=4, lr=5e-4, norm_adv=True),
-        models={**CORES, "tlb": {"chunk_size": 16, "num_state": 16}}),
+        models={**CORES, "tlb": {"chunk_size": 16, "num_state": 16}}, control_frames=196_608),
     "paper": PopgymScale(
         envs=tuple(popgym_id(name, d) for name in ENVS for d in DIFFICULTIES), frames=15_000_000, seeds=3,
         ppo=dict(dim=256, depth=1, heads=4, hidden=128, num_envs=64, num_steps=1024, num_minibatches=8,
@@ -240,6 +243,8 @@ POPGYM = register_experiment(
         # The floor a memory must rise above: a uniformly random policy's mean return, measured by the run.
         chance=lambda results: results.get("extra", {}).get("random_return"),
         chance_label="random policy",
+        # What any memory result needs first: a memory above no memory (the memoryless agent, `mlp`).
+        claims=tuple(Claim(f"{core} above the memoryless agent", core, "mlp") for core in CORES if core != "mlp"),
         notes="A core listed as 'not run: no done' cannot take episode ends inside a call yet. "
         "learning_curves.png: mean return against frames, one panel per environment, one line per core "
         "(mean over seeds, the band from the lowest to the highest seed), a uniformly random policy's mean "
