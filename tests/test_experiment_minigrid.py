@@ -49,7 +49,7 @@ def test_smoke_results_structure(smoke_runs):
     control = results["control"]
     assert control["per_seed"] == {m: results["extra"]["per_seed"][m]["DoorKey-5x5"]["return_mean"] for m in MODELS}
     assert control["learned"] == {m: [r >= 0.9 for r in control["per_seed"][m]] for m in MODELS}
-    assert "Control: `MiniGrid-DoorKey-5x5-v0`" in report
+    assert "Control (no memory needed): `MiniGrid-DoorKey-5x5-v0`" in report
 
 
 def test_same_seed_same_numbers(smoke_runs):

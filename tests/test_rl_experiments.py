@@ -40,7 +40,7 @@ def test_ballet_rl_smoke(tmp_path):
     assert all((tmp_path / "control" / f"{m}-seed0" / "config.json").exists() for m in results["results"])
     assert not all(map(all, control["learned"].values()))
     assert report.index("**The control was not learned**") < report.index("Ballet as an RL task")
-    assert "| mlp |" in report.split("Control:")[1]
+    assert "| mlp |" in report.split("Control (no memory needed):")[1]
     claims = {c["text"] for c in saved["claims"]}
     assert "HTM above the memoryless agent" in claims
 
@@ -58,7 +58,7 @@ def test_popgym_smoke(tmp_path, monkeypatch):
     # the control first, for every core, on the task with the memory demand removed
     assert set(saved["control"]["learned"]) == set(results) and saved["control"]["frames"] == 64
     assert all((tmp_path / f"{m}-RepeatCurrent-seed0" / "config.json").exists() for m in results)
-    assert "Control: `popgym-RepeatCurrent-v0`" in (tmp_path / "report.md").read_text()
+    assert "Control (no memory needed): `popgym-RepeatCurrent-v0`" in (tmp_path / "report.md").read_text()
     for model in ("mlp", "lstm", "gtrxl", "htm"):
         assert set(results[model]) == smoke
         assert all(-1 <= v <= 1 for v in results[model].values())

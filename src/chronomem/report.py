@@ -161,7 +161,7 @@ def control_markdown(run: dict[str, Any]) -> list[str]:
         return []
     learned = control["learned"]
     every = all(all(seeds) for seeds in learned.values())
-    lines = [f"Control: {control['task']} (no memory needed), trained with the same settings for "
+    lines = [f"Control (no memory needed): {control['task']}, trained with the same settings for "
              f"{control['frames']:,} frames; learned: {control['threshold']}."
              + (" Every seed of every model learned it." if every else ""), "",
              f"| model | {control['metric']} per seed | learned |", "|---|---|---|"]
