@@ -253,7 +253,8 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="write the conditions and the records here")
     parser.add_argument("--ablate", nargs="*", metavar="VARIANT",
                         help="frames to 0.9 of torch-ac and of ours with one difference from torch-ac at a time "
-                             f"(default: every one of {', '.join(ABLATIONS)}); runs --jobs at a time")
+                             f"(default: torch-ac and every one of {', '.join(ABLATIONS)}; named variants run "
+                             "without torch-ac unless 'torch-ac' is named too); runs --jobs at a time")
     parser.add_argument("--jobs", type=int, default=1, help="--ablate: runs at a time (one per core)")
     parser.add_argument("--ablation", default="ours", choices=sorted(ABLATIONS), help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=sorted(RUNNERS), help=argparse.SUPPRESS)  # a child process's run
@@ -268,13 +269,16 @@ def main(argv=None) -> None:
         print(json.dumps(RUNNERS[args.one](args.seeds[0], args.max_frames, **options)))
         return
     if args.ablate is not None:
-        unknown = [v for v in args.ablate if v not in ABLATIONS]
+        unknown = [v for v in args.ablate if v not in ABLATIONS and v != "torch-ac"]
         if unknown:
             parser.error(f"--ablate: unknown variants {unknown}; choose from {', '.join(ABLATIONS)}")
         from concurrent.futures import ThreadPoolExecutor
 
-        jobs = [("torch-ac", seed, "ours") for seed in args.seeds]
-        jobs += [("chronomem", seed, variant) for variant in (args.ablate or ABLATIONS) for seed in args.seeds]
+        # the peer runs unless variants are named without it ("torch-ac" names it)
+        peer = not args.ablate or "torch-ac" in args.ablate
+        jobs = [("torch-ac", seed, "ours") for seed in args.seeds] if peer else []
+        jobs += [("chronomem", seed, variant) for variant in (args.ablate or ABLATIONS) if variant != "torch-ac"
+                 for seed in args.seeds]
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             records = list(pool.map(lambda job: measure(job[0], job[1], args.max_frames, job[2]), jobs))
         print(ablation_table(records, args.max_frames))
