@@ -210,7 +210,7 @@ def ablation_table(records: list[dict], max_frames: int) -> str:
     lines = [f"| variant (one difference from ours) | frames to {TARGET} per seed | median | x torch-ac | solved |",
              "|---|---|---|---|---|"]
     for variant in dict.fromkeys(r["ablation"] for r in records):
-        mine = [r for r in records if r["ablation"] == variant]
+        mine = sorted((r for r in records if r["ablation"] == variant), key=lambda r: r["seed"])
         median = statistics.median(frames(r) for r in mine)
         per_seed = ", ".join(f"{r['reached'] / 1000:.0f}k" if r["reached"] else f"> {max_frames / 1000:.0f}k"
                              for r in mine)
