@@ -32,7 +32,9 @@ def test_one_core_one_env_writes_its_records(tmp_path, capsys):
     for side in ("before", "after"):
         measured = record[side]
         assert measured["frames_per_second"] > 0 and sum(measured["share"].values()) == pytest.approx(1.0)
-    assert record["after"]["frames"] == 64 * 64 and record["before"]["frames"] == 16 * 64  # one timed update
+    after = agent_throughput.after_settings("ballet")
+    assert record["after"]["frames"] == after["num_envs"] * after["num_steps"]  # one timed update
+    assert record["before"]["frames"] == 16 * 64
     speeds = [record[side]["frames_per_second"] for side in ("after", "before")]
     assert record["ratio"] == pytest.approx(speeds[0] / speeds[1])
     saved = json.loads(out.read_text())
