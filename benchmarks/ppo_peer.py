@@ -206,7 +206,8 @@ def ablation_table(records: list[dict], max_frames: int) -> str:
     def frames(r):
         return r["reached"] or float("inf")
 
-    peer = statistics.median(frames(r) for r in records if r["name"] == "torch-ac")
+    peers = [frames(r) for r in records if r["name"] == "torch-ac"]
+    peer = statistics.median(peers) if peers else float("inf")  # no peer run: no ratio
     lines = [f"| variant (one difference from ours) | frames to {TARGET} per seed | median | x torch-ac | solved |",
              "|---|---|---|---|---|"]
     for variant in dict.fromkeys(r["ablation"] for r in records):
