@@ -29,7 +29,7 @@ import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # ballet-rl's agent sized for a CPU (docs/rl.md "A Ballet agent sized for a CPU")
@@ -50,7 +50,6 @@ class Control:
     stop_length: float | None = None
     max_frames: int = 300_000
     about: str = ""
-    notes: dict = field(default_factory=dict)
 
 
 def _ballet_grid() -> dict:
@@ -97,24 +96,19 @@ CONTROLS = {
 
 def run_one(control: str, setting: str, seed: int) -> dict:
     """One run in this process; what the table needs."""
-    from chronomem.rl.ppo import Args, train
+    from chronomem.rl.ppo import Args, stop_reached, train
 
     c = CONTROLS[control]
     args = Args(env=c.env, **{**c.agent, **c.grid[setting]}, total_frames=c.max_frames, seed=seed,
                 stop_return=c.stop_return, stop_length=c.stop_length, torch_threads=1, progress=False)
     result = train(args)
     last = result.history[-1]
-    reached = last["step"] if any(_reached(row, c) for row in result.history[-1:]) else None
+    reached = last["step"] if stop_reached(last, args) else None  # the run stopped there, or ran out
     kls = [row["approx_kl"] for row in result.history]
     return {"frames": result.frames, "seconds": round(result.seconds, 1), "reached": reached,
             "fps": round(result.frames / max(result.seconds, 1e-9)),
             "return_last": last.get("return_mean"), "length_last": last.get("length_mean"),
             "entropy_last": last["entropy"], "approx_kl_median": statistics.median(kls)}
-
-
-def _reached(row: dict, c: Control) -> bool:
-    return ("return_mean" in row and row["return_mean"] >= c.stop_return
-            and (c.stop_length is None or row["length_mean"] <= c.stop_length))
 
 
 def measure(control: str, setting: str, seed: int, stream: Path | None = None) -> dict:

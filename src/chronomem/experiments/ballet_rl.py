@@ -87,13 +87,9 @@ SCALES = {
         models={"mlp": {}, "htm": dict(chunk_size=4, memory_size=4, top_k=2), "transformer-xl": dict(mem_len=8),
                 "lstm": {}},
         levels=("2_delay16",), control_frames=16),
-    # 2_delay16 alone, first (issue 50): the level on which the one public budget was measured (an LSTM
-    # learned an easier variant in ~15M frames), trained for that budget, one seed first. The settings
-    # learned the control fastest in wall-clock time (docs/rl.md "Settings by time to learn"): among them,
-    # no reconstruction loss (a deviation from App. A.1: with it the control was not learned in 400k
-    # frames, without it in 117k-168k) and a time-out read as a failure (--timeout failure, docs/rl.md
-    # "Ballet's time-out"). A checkpoint every ~0.5M frames: a run cut by the end of a session continues
-    # with --resume.
+    # 2_delay16 alone for the one public budget (~15M frames, an LSTM on an easier variant); the
+    # settings that learned the control soonest, without the reconstruction loss, which stopped it
+    # (docs/rl.md "Settings by time to learn"); checkpoints every ~0.5M frames for --resume.
     "quick": BalletRLScale(
         observation="symbolic", frames=15_001_600, seeds=1, eval_episodes=200,
         ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=4, lr=1e-3,
