@@ -14,6 +14,7 @@ away: 80 leaves room for sampled actions).
     python benchmarks/ppo_settings.py --control ballet-any --seeds 1 2 --jobs 2 --jsonl runs/settings.jsonl
     python benchmarks/ppo_settings.py --control ballet-any --table runs/settings.jsonl
     python benchmarks/ppo_settings.py --control doorkey --settings "16x128" "16x128 windows"
+    python benchmarks/ppo_settings.py --control visual-match --seeds 1 --jsonl runs/visual-match.jsonl
     python benchmarks/ppo_settings.py --list
 
 Each setting is a set of ``chronomem.rl.ppo.Args`` changes on the control's agent; the table is sorted by
@@ -46,8 +47,9 @@ class Control:
     env: str
     agent: dict  # chronomem.rl.ppo.Args fields of the experiment's agent
     grid: dict  # setting name -> Args changes
-    stop_return: float
+    stop_return: float | None
     stop_length: float | None = None
+    stop_success: float | None = None
     max_frames: int = 300_000
     about: str = ""
 
@@ -83,6 +85,15 @@ CONTROLS = {
         stop_return=0.45, stop_length=80, max_frames=600_000,
         about="Ballet 2_delay16 itself: the time-out read both ways; 'learned' here is only walking to a "
               "dancer (return >= 0.45, chance is 0.5, in <= 80 steps), not remembering which"),
+    "visual-match": Control(
+        env="chronomem/VisualMatch-passive-d30-control-v0", agent=dict(core="lstm", dim=64, hidden=64, visual="cells"),
+        grid={"16x128 (starter)": STARTER,
+              "16x128 raw advantages": {**STARTER, "norm_adv": False},
+              "16x128 ent 1e-3": {**STARTER, "ent_coef": 1e-3},
+              "32x128": {**STARTER, "num_envs": 32}},
+        stop_return=None, stop_success=0.9, max_frames=1_200_000,
+        about="Visual Match, passive, distractor 30, the colour also shown at the choice (no memory needed); "
+              "learned: >= 90% right choices among a logged update's episodes"),
     "doorkey": Control(
         env="MiniGrid-DoorKey-5x5-v0", agent=dict(core="lstm", dim=64, hidden=64),
         grid={"16x128 (starter)": STARTER,
@@ -100,7 +111,8 @@ def run_one(control: str, setting: str, seed: int) -> dict:
 
     c = CONTROLS[control]
     args = Args(env=c.env, **{**c.agent, **c.grid[setting]}, total_frames=c.max_frames, seed=seed,
-                stop_return=c.stop_return, stop_length=c.stop_length, torch_threads=1, progress=False)
+                stop_return=c.stop_return, stop_length=c.stop_length, stop_success=c.stop_success, torch_threads=1,
+                progress=False)
     result = train(args)
     last = result.history[-1]
     reached = last["step"] if stop_reached(last, args) else None  # the run stopped there, or ran out
@@ -108,6 +120,7 @@ def run_one(control: str, setting: str, seed: int) -> dict:
     return {"frames": result.frames, "seconds": round(result.seconds, 1), "reached": reached,
             "fps": round(result.frames / max(result.seconds, 1e-9)),
             "return_last": last.get("return_mean"), "length_last": last.get("length_mean"),
+            "success_last": last.get("success_rate"),
             "entropy_last": last["entropy"], "approx_kl_median": statistics.median(kls)}
 
 

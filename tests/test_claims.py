@@ -10,7 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from chronomem.experiments import babyai, ballet_rl, base, htm, images, listops, lm, minigrid, popgym, relevance
+from chronomem.experiments import (
+    babyai,
+    ballet_rl,
+    base,
+    htm,
+    images,
+    listops,
+    lm,
+    minigrid,
+    popgym,
+    relevance,
+    visual_match,
+)
 from chronomem.experiments import copy_baselines as copy
 from chronomem.experiments.base import Experiment, run_experiment
 from chronomem.registry import EXPERIMENTS, get_experiment
@@ -340,6 +352,20 @@ def test_popgym_lists_its_seeds(tmp_path, monkeypatch):
     assert get_experiment("popgym").chance(produced) == {e: -0.5 for e in produced["results"]["lstm"]}
 
 
+def test_visual_match_lists_its_seeds(tmp_path, monkeypatch):
+    monkeypatch.setitem(visual_match.SCALES, "smoke", dataclasses.replace(visual_match.SCALES["smoke"], seeds=3,
+                                                                          distractors=(5, 30)))
+    monkeypatch.setattr(visual_match, "check_cores", lambda *args: None)
+    monkeypatch.setattr(visual_match, "plot_learning_curves", lambda *args: None)
+    monkeypatch.setattr(visual_match, "_train_and_evaluate", lambda job: {
+        "seed": job.run.seed, "success": fake_value(job.run.model, "d" + job.run.env_id.split("-d")[1].split("-")[0],
+                                                    job.run.seed),
+        "apples": 1.0, "curve": [(8, 0.5)], "success_curve": [(8, 50.0)]})
+    produced = visual_match._run("smoke", tmp_path, 1, progress=False)
+    check_per_seed(produced, [1, 2, 3], fake_value)
+    assert set(produced["control"]["learned"]) == set(visual_match.SCALES["smoke"].models)
+
+
 def test_minigrid_lists_its_seeds():
     s = minigrid.SCALES["smoke"]
     rows = [{"pair": pair, "model": model, "seed": seed,
@@ -435,6 +461,9 @@ def produced_at(name: str, scale: str) -> dict[str, set[str]]:
     if name == "popgym":
         s = popgym.SCALES[scale]
         return table(s.models, [popgym._name(e) for e in s.envs])
+    if name == "visual-match":
+        s = visual_match.SCALES[scale]
+        return table(s.models, [f"d{d}" for d in s.distractors])
     raise KeyError(name)
 
 
@@ -451,7 +480,7 @@ def problems(claim: Claim, produced: dict[str, set[str]]) -> list[str]:
 
 CLAIMED = ("copy-baselines", "transfer-copy", "denoise", "ballet", "pai", "listops", "listops-length",
            "resolution-transfer", "resolution-transfer-learned", "lm", "minigrid-transfer", "ballet-rl", "babyai",
-           "babyai-multi", "popgym")
+           "babyai-multi", "popgym", "visual-match")
 
 
 @pytest.mark.parametrize("name", CLAIMED)

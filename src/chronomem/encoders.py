@@ -36,6 +36,9 @@ acting feeds ``N = 1``; a learner replays ``N = T`` steps), and returns ``[B, N,
   layers, so the projection reads the cells directly; its decoder is the same map transposed. A
   frame then costs about a tenth of the CNN's multiply-adds in the encoder and in the decoder
   (docs/rl.md, "A Ballet agent sized for a CPU").
+  The same encoder reads a grid of cells with no instruction (``vocab_size=0``, rectangular ``view``):
+  Visual Match's and Key-to-Door's ``{"grid": [H, W, 9]}`` or ``{"image": [H, W, 3]}``, one pixel per cell
+  (``chronomem.envs.tvt``; paper 001 encodes its DMLab frames with a ResNet, our 2D boards need none).
 * ``SpacesEncoder``: a dict of ``Discrete`` / ``MultiDiscrete`` / 1-D ``Box`` parts (POPGym's
   observations, ``chronomem.envs.popgym``): each discrete index has an embedding (a ``MultiDiscrete``
   part one table per component), a ``Box`` part a linear map, and the encoder returns their sum:
@@ -243,7 +246,8 @@ class BalletEncoder(nn.Module):
     """Ballet's observation -> ``[B, N, dim]`` (module docstring).
 
     ``observation``: ``"symbolic"`` (``grid``) or ``"pixels"`` (``image``); ``vocab_size``: the
-    instruction's tokens; ``view``: cells per side; ``symbols``: channels of a symbolic cell;
+    instruction's tokens (0: observations without one, a grid alone, as Visual Match's); ``view``: cells
+    per side, or ``(rows, cols)``; ``symbols``: channels of a symbolic cell;
     ``cell_pixels``: pixels per cell side; ``visual``: ``"cnn"`` (paper 001's three layers) or
     ``"cells"`` (its per-cell layer alone, module docstring: a linear map of each cell's vector, its
     symbols or its 9x9x3 pixels, computed channels last)."""
@@ -251,7 +255,7 @@ class BalletEncoder(nn.Module):
     default_reconstruction = 1.0  # paper 001, App. A Table 1 (Ballet)
     VISUALS = ("cnn", "cells")
 
-    def __init__(self, dim: int, observation: str = "symbolic", vocab_size: int = 14, view: int = 11,
+    def __init__(self, dim: int, observation: str = "symbolic", vocab_size: int = 14, view: int | tuple[int, int] = 11,
                  symbols: int = 36, cell_pixels: int = 9, channels: tuple[int, int, int] = (16, 32, 32),
                  word_dim: int = 32, visual: str = "cnn"):
         super().__init__()
@@ -261,8 +265,10 @@ class BalletEncoder(nn.Module):
             raise ValueError(f"visual must be one of {self.VISUALS}, got {visual!r}")
         self.dim = check_positive(dim, "dim")
         self.observation, self.key, self.visual = observation, "grid" if observation == "symbolic" else "image", visual
-        self.vocab_size = check_positive(vocab_size, "vocab_size")
-        self.view, self.symbols = check_positive(view, "view"), check_positive(symbols, "symbols")
+        self.vocab_size = check_positive(vocab_size, "vocab_size", minimum=0)
+        rows, cols = (view, view) if not isinstance(view, (tuple, list)) else view
+        self.view = (check_positive(rows, "view"), check_positive(cols, "view"))  # (rows, cols) of cells
+        self.symbols = check_positive(symbols, "symbols")
         self.cell_pixels, self.channels = check_positive(cell_pixels, "cell_pixels"), tuple(channels)
         c1, c2, c3 = self.channels
         if visual == "cnn":
@@ -272,8 +278,8 @@ class BalletEncoder(nn.Module):
                                       nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(), nn.Flatten())
         else:  # the same per-cell map as the CNN's first layer, as a linear layer over each cell's vector
             self.cells = nn.Linear(self.cell_inputs, c1)
-        self.words = nn.Embedding(vocab_size, word_dim)
-        self.project = nn.Linear(self.cell_features * view * view + word_dim, dim)
+        self.words = nn.Embedding(vocab_size, word_dim) if vocab_size else None
+        self.project = nn.Linear(self.cell_features * rows * cols + (word_dim if vocab_size else 0), dim)
 
     @property
     def cell_inputs(self) -> int:
@@ -287,17 +293,18 @@ class BalletEncoder(nn.Module):
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
+        rows, cols = self.view
         if self.observation == "symbolic":
-            return (self.view, self.view, self.symbols)
-        side = self.view * self.cell_pixels
-        return (side, side, 3)
+            return (rows, cols, self.symbols)
+        return (rows * self.cell_pixels, cols * self.cell_pixels, 3)
 
     def reconstruction_targets(self, obs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """``(picture, instruction [B, N] int64)`` of a checked observation: the encoder's inputs, and
-        what ``BalletDecoder`` reconstructs. ``picture`` is in [0, 1]: ``[B, N, C, H, W]`` for the CNN,
-        ``[B, N, view, view, cell_inputs]`` (one vector per cell) for ``visual="cells"``."""
-        if not isinstance(obs, dict) or not {self.key, "instruction"} <= set(obs):
-            raise TypeError(f"obs must be a dict with {self.key!r} and 'instruction' (Ballet, observation="
+        """``(picture, instruction [B, N] int64, or None without one)`` of a checked observation: the
+        encoder's inputs, and what ``BalletDecoder`` reconstructs. ``picture`` is in [0, 1]: ``[B, N, C, H,
+        W]`` for the CNN, ``[B, N, rows, cols, cell_inputs]`` (one vector per cell) for ``visual="cells"``."""
+        keys = {self.key, "instruction"} if self.vocab_size else {self.key}
+        if not isinstance(obs, dict) or not keys <= set(obs):
+            raise TypeError(f"obs must be a dict with {' and '.join(map(repr, sorted(keys)))} (observation="
                             f"{self.observation!r}), got "
                             f"{sorted(obs) if isinstance(obs, dict) else type(obs).__name__}")
         picture, key = obs[self.key], f"obs[{self.key!r}]"
@@ -310,7 +317,9 @@ class BalletEncoder(nn.Module):
         high = 1 if self.observation == "symbolic" else 255  # one-hot symbols; 8-bit pixels
         if picture.dtype != torch.uint8 and bool(((picture < 0) | (picture > high)).any()):
             raise ValueError(f"{key} must hold values in [0, {high}], got [{int(picture.min())}, {int(picture.max())}]")
-        instruction = _check_ids(obs["instruction"], "obs['instruction']", (), self.vocab_size)
+        instruction = None
+        if self.vocab_size:
+            instruction = _check_ids(obs["instruction"], "obs['instruction']", (), self.vocab_size)
         # No int64 copy of the pixels: straight to floats in [0, 1] (the paper's pixel range).
         picture = picture.to(parameter_dtype(self))
         if high != 1:
@@ -318,18 +327,19 @@ class BalletEncoder(nn.Module):
         if self.visual == "cnn":
             return picture.permute(0, 1, 4, 2, 3), instruction  # channels first
         if self.observation == "pixels":  # [.., 99, 99, 3] -> the 9x9x3 pixels of each of the 11x11 cells
-            batch, steps, v, p = *picture.shape[:2], self.view, self.cell_pixels
-            picture = picture.view(batch, steps, v, p, v, p, 3).transpose(3, 4).reshape(batch, steps, v, v, -1)
+            batch, steps, (rows, cols), p = *picture.shape[:2], self.view, self.cell_pixels
+            picture = picture.view(batch, steps, rows, p, cols, p, 3).transpose(3, 4)
+            picture = picture.reshape(batch, steps, rows, cols, -1)
         return picture, instruction
 
-    def encode(self, picture: Tensor, instruction: Tensor) -> Tensor:
+    def encode(self, picture: Tensor, instruction: Tensor | None) -> Tensor:
         """``[B, N, dim]`` from ``reconstruction_targets``' output (so a learner checks and converts once)."""
-        batch, steps = instruction.shape
+        batch, steps = picture.shape[:2]
         if self.visual == "cnn":
             grid = self.conv(picture.flatten(0, 1)).view(batch, steps, -1)
         else:
             grid = torch.relu(self.cells(picture)).flatten(2)
-        return self.project(torch.cat([grid, self.words(instruction)], -1))
+        return self.project(grid if instruction is None else torch.cat([grid, self.words(instruction)], -1))
 
     def forward(self, obs: dict[str, Tensor]) -> Tensor:
         return self.encode(*self.reconstruction_targets(obs))
@@ -352,26 +362,28 @@ class BalletDecoder(nn.Module):
     def __init__(self, encoder: BalletEncoder, width: int):
         super().__init__()
         c1, c2, c3 = encoder.channels
-        view, self.visual = encoder.view, encoder.visual
-        self.unproject = nn.Linear(check_positive(width, "width"), encoder.cell_features * view * view)
+        (rows, cols), self.visual = encoder.view, encoder.visual
+        self.unproject = nn.Linear(check_positive(width, "width"), encoder.cell_features * rows * cols)
         if self.visual == "cnn":
-            self.shape = (c3, view, view)
+            self.shape = (c3, rows, cols)
             last = (nn.ConvTranspose2d(c1, encoder.symbols, 1) if encoder.observation == "symbolic"
                     else nn.ConvTranspose2d(c1, 3, encoder.cell_pixels, stride=encoder.cell_pixels))
             self.deconv = nn.Sequential(nn.ReLU(), nn.ConvTranspose2d(c3, c2, 3, padding=1), nn.ReLU(),
                                         nn.ConvTranspose2d(c2, c1, 3, padding=1), nn.ReLU(), last)
         else:
-            self.shape = (view, view, c1)
+            self.shape = (rows, cols, c1)
             self.cells = nn.Linear(c1, encoder.cell_inputs)
-        self.words = nn.Linear(width, encoder.vocab_size)
+        self.words = nn.Linear(width, encoder.vocab_size) if encoder.vocab_size else None
 
-    def forward(self, y: Tensor, picture: Tensor, instruction: Tensor) -> Tensor:
-        batch, steps = instruction.shape
+    def forward(self, y: Tensor, picture: Tensor, instruction: Tensor | None) -> Tensor:
+        batch, steps = picture.shape[:2]
         grid = self.unproject(y).reshape(batch * steps, *self.shape)
-        # [B * N, C, H, W] for the CNN; channels last, [B * N, view, view, cell_inputs], for the cells
+        # [B * N, C, H, W] for the CNN; channels last, [B * N, rows, cols, cell_inputs], for the cells
         logits = self.deconv(grid) if self.visual == "cnn" else self.cells(torch.relu(grid))
         image_loss = F.binary_cross_entropy_with_logits(logits.float(), picture.flatten(0, 1).float(),
                                                         reduction="none").mean((1, 2, 3)).view(batch, steps)
+        if instruction is None:
+            return image_loss
         word_loss = F.cross_entropy(self.words(y).flatten(0, 1).float(), instruction.flatten(),
                                     reduction="none").view(batch, steps)
         return image_loss + word_loss
@@ -435,12 +447,14 @@ def _space_part(name: str, space) -> tuple[str, int | tuple[int, ...]]:
 
 def encoder_for(observation_space, dim: int, visual: str = "cnn") -> nn.Module:
     """The encoder of a Gymnasium observation space: a MiniGrid dict (``image`` [v, v, 3], ``direction``,
-    ``mission`` token ids), a Ballet dict, a dict of POPGym parts or a 1-D float ``Box``. ``visual``
+    ``mission`` token ids), a Ballet dict, a grid of cells alone (``{"grid"}`` symbols or ``{"image"}``
+    one pixel per cell: Visual Match, Key-to-Door), a dict of POPGym parts or a 1-D float ``Box``. ``visual``
     chooses Ballet's visual encoder (``BalletEncoder``); another space takes only ``"cnn"``, its own."""
     if visual not in BalletEncoder.VISUALS:
         raise ValueError(f"visual must be one of {BalletEncoder.VISUALS}, got {visual!r}")
     spaces = getattr(observation_space, "spaces", None)
-    is_ballet = isinstance(spaces, dict) and "instruction" in spaces and bool({"grid", "image"} & set(spaces))
+    is_ballet = isinstance(spaces, dict) and (
+        ("instruction" in spaces and bool({"grid", "image"} & set(spaces))) or set(spaces) in ({"grid"}, {"image"}))
     if visual != "cnn" and not is_ballet:
         raise ValueError(f"visual={visual!r} is Ballet's per-cell encoder; this observation space has its own "
                          f"encoder (use visual='cnn'): {observation_space}")
@@ -455,6 +469,11 @@ def encoder_for(observation_space, dim: int, visual: str = "cnn") -> nn.Module:
             raise TypeError("obs 'mission' must be token ids (wrap the env with chronomem.envs.minigrid."
                             f"MissionTokens), got the space {mission}")
         return MiniGridEncoder(dim, vocab_size=int(mission.high.max()) + 1, max_words=mission.shape[0], view=view)
+    if is_ballet and "instruction" not in spaces:  # a grid of cells alone (Visual Match, Key-to-Door)
+        observation = "symbolic" if "grid" in spaces else "pixels"
+        rows, cols, channels = spaces["grid" if observation == "symbolic" else "image"].shape
+        return BalletEncoder(dim, observation, vocab_size=0, view=(rows, cols), symbols=channels, cell_pixels=1,
+                             visual=visual)
     if is_ballet:
         observation = "symbolic" if "grid" in spaces else "pixels"
         picture = spaces["grid" if observation == "symbolic" else "image"].shape

@@ -1,7 +1,10 @@
-"""Environments: worlds with the Gymnasium API (``ballet``), no training code.
+"""Environments: worlds with the Gymnasium API, no training code.
 
 Envs import only ``chronomem.layers``/``ops``/``registry`` and never models, tasks, trainers or the CLI.
 Gymnasium is the optional extra ``chronomem[rl]``; a module here imports without it, and building one
-of its environments then raises ``ModuleNotFoundError``. Import a module (``chronomem.envs.ballet``)
-to register its environment with ``gymnasium.make``.
+of its environments then raises ``ModuleNotFoundError``. ``import chronomem.envs`` registers every
+chronomem id with ``gymnasium.make``: Ballet (``chronomem.envs.ballet``), CueRecall (``recall``), Visual
+Match and Key-to-Door (``tvt``).
 """
+
+from chronomem.envs import ballet, recall, tvt  # noqa: F401  (their import registers their ids)

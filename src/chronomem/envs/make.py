@@ -2,8 +2,8 @@
 
 * ``make_env(env_id)`` builds any Gymnasium environment by id. ``import minigrid`` registers the
   MiniGrid and BabyAI ids (Gymnasium 1.x raises ``NameNotFound`` without it) and importing
-  ``chronomem.envs.recall`` registers the cue-recall test env, ``chronomem.envs.ballet`` the Ballet
-  levels and the paper's level mixture, ``import popgym`` POPGym's environments (wrapped by
+  ``chronomem.envs`` registers every chronomem id (the cue-recall test env, the Ballet levels and the
+  paper's level mixture, Visual Match and Key-to-Door), ``import popgym`` POPGym's environments (wrapped by
   ``chronomem.envs.wrappers.wrap_popgym``); an unknown id is a ValueError listing close matches. MiniGrid
   and BabyAI environments get ``chronomem.envs.wrappers.MissionTokens``.
 * ``make_vector_env`` builds ``num_envs`` environments of one id as a vector env with
@@ -47,9 +47,8 @@ def _require_gymnasium() -> None:
 
 def _register_ids() -> None:
     """Import the packages whose import registers environment ids."""
-    import chronomem.envs.ballet  # noqa: F401  (chronomem/Ballet-<level or mixture>[-symbolic]-v0)
+    import chronomem.envs  # noqa: F401  (its import registers every chronomem/ id: Ballet, CueRecall, TVT's)
     import chronomem.envs.popgym
-    import chronomem.envs.recall  # noqa: F401  (chronomem/CueRecall-v0)
 
     chronomem.envs.popgym.register()  # popgym-<Name><Difficulty>-v0 when POPGym is installed
     try:

@@ -57,7 +57,9 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
     """Mean return over ``episodes`` episodes of ``env_id`` (actions sampled, or the most likely with
     ``greedy``; ``env_options`` go to ``gym.make``, e.g. ``max_episode_steps``). Environment i runs a
     fixed share of the episodes, so short episodes are not favoured (counting the first ``episodes``
-    to end would be). Only the returns and lengths are kept, whatever the episodes' length."""
+    to end would be). Only the returns and lengths are kept, whatever the episodes' length, and each
+    episode's ``success`` where the env reports one at its end (``info["final_info"]``: Visual Match's
+    choice, Key-to-Door's door); ``success_rate`` is then theirs, else the share of positive returns."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
     n = min(num_envs, episodes)
@@ -69,16 +71,18 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
         device = next(agent.parameters()).device
         state = agent.initial_state(n, device)
         running, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
-        finished: list[list[tuple[float, int]]] = [[] for _ in range(n)]
+        finished: list[list[tuple[float, int, float]]] = [[] for _ in range(n)]  # return, length, success
         counted = steps = 0
         while counted < episodes:
             action, state = _act(agent, obs, state, greedy)
-            obs, reward, term, trunc, _ = envs.step(action)
+            obs, reward, term, trunc, info = envs.step(action)
             running, lengths = running + reward, lengths + 1
             done = term | trunc
+            final = info.get("final_info") or {}
             for i in np.flatnonzero(done):
                 if len(finished[i]) < quota[i]:
-                    finished[i].append((float(running[i]), int(lengths[i])))
+                    success = float(final["success"][i]) if final.get("_success", np.zeros(n, bool))[i] else np.nan
+                    finished[i].append((float(running[i]), int(lengths[i]), success))
                     counted += 1
             running[done], lengths[done] = 0.0, 0
             if done.any():
@@ -88,11 +92,12 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
     finally:
         envs.close()
     reporter.close(only_if_long=True)
-    returns = np.array([r for env in finished for r, _ in env])
-    lengths = np.array([n for env in finished for _, n in env])
+    episodes_seen = [episode for env in finished for episode in env]
+    returns, lengths, successes = (np.array(column) for column in zip(*episodes_seen, strict=True))
+    reported = not np.isnan(successes).any()
     return {"env": env_id, "episodes": episodes, "return_mean": round(float(returns.mean()), 4),
             "return_std": round(float(returns.std()), 4), "length_mean": round(float(lengths.mean()), 2),
-            "success_rate": round(float((returns > 0).mean()), 4)}
+            "success_rate": round(float(successes.mean() if reported else (returns > 0).mean()), 4)}
 
 
 @torch.inference_mode()

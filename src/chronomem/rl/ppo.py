@@ -137,6 +137,9 @@ class Args:
     stop_length: float | None = setting(None, "end the run early once a logged mean episode length is at most "
                                         "this (with --stop-return: once both hold); a control that wandering "
                                         "passes is learned when it is passed fast", resumable=True)
+    stop_success: float | None = setting(None, "end the run early once a logged success rate reaches this (an env "
+                                         "that reports each episode's success: Visual Match, Key-to-Door; with "
+                                         "the other stop flags: once all hold)", resumable=True)
     stall_updates: int = setting(20, "say once that the policy has stalled after this many updates in a row with "
                                  "approx_kl below --stall-kl and no move of the training return (0: never)",
                                  resumable=True)
@@ -301,22 +304,30 @@ class Rollout:
 
 
 class EpisodeTracker:
-    """Returns and lengths of the episodes as they end."""
+    """Returns and lengths of the episodes as they end, and their ``success`` where the env reports one
+    in the ended episode's info (Visual Match's choice, Key-to-Door's door: logged as ``success_rate``
+    beside the return, which mixes the choice with the apples)."""
 
     def __init__(self, num_envs: int):
         self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
         self.finished: list[tuple[float, int]] = []
+        self.successes: list[float] = []
 
-    def step(self, rewards: np.ndarray, done: np.ndarray) -> None:
+    def step(self, rewards: np.ndarray, done: np.ndarray, info: dict | None = None) -> None:
         self.returns += rewards
         self.lengths += 1
         for i in np.flatnonzero(done):
             self.finished.append((float(self.returns[i]), int(self.lengths[i])))
         self.returns[done], self.lengths[done] = 0.0, 0
+        final = (info or {}).get("final_info") or {}
+        if "success" in final:
+            self.successes += final["success"][final["_success"]].astype(float).tolist()
 
-    def take(self) -> list[tuple[float, int]]:
-        finished, self.finished = self.finished, []
-        return finished
+    def take(self) -> tuple[list[tuple[float, int]], list[float]]:
+        """The ``(return, length)`` and the successes of the episodes ended since the last take."""
+        finished, successes = self.finished, self.successes
+        self.finished, self.successes = [], []
+        return finished, successes
 
 
 class StallWatch:
@@ -418,7 +429,7 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
             buffers["final_values"][index, t] = final_value[:, 0]
         done = term | trunc
         if tracker is not None:
-            tracker.step(reward, done)
+            tracker.step(reward, done, info)
         if done.any():
             with torch.inference_mode():
                 state = state.reset(torch.as_tensor(done, device=device))
@@ -701,7 +712,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         history: list[dict[str, Any]] = []
         update = frames // frames_per_update
         saved_update = update if restored is not None else None
-        start, window_start, window_frames, window = time.perf_counter(), time.perf_counter(), 0, []
+        start, window_start, window_frames, window, outcomes = time.perf_counter(), time.perf_counter(), 0, [], []
         split = dict.fromkeys(("env", "act", "learn"), 0.0)  # the window's seconds in each part of the loop
         while update < num_updates:
             update += 1
@@ -721,8 +732,9 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             split["learn"] += time.perf_counter() - toc
             frames += frames_per_update
             window_frames += frames_per_update
-            ended = tracker.take()
+            ended, succeeded = tracker.take()
             window += ended
+            outcomes += succeeded
             # one rank's view (its KL and episodes): a stall is a property of the shared weights
             stalled = stall.step(stats["approx_kl"], [r for r, _ in ended])
             if stalled:
@@ -730,7 +742,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             seconds = seconds_before + time.perf_counter() - start
             if update % args.log_every == 0 or update == num_updates or stalled:
                 elapsed = time.perf_counter() - window_start
-                stats, episodes = reduce_stats(stats, window, ctx, device)
+                stats, episodes = reduce_stats(stats, window, ctx, device, outcomes)
                 row = {"step": frames, "split": "train", "update": update, **episodes,
                        **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
                        "sps": round(window_frames / max(elapsed, 1e-9)), "seconds": round(seconds, 2),
@@ -739,10 +751,12 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                 history.append(row)
                 logger.log(row)
                 shown = {} if "return_mean" not in row else {"mean return": f"{row['return_mean']:.3f}"}
+                if "success_rate" in row:
+                    shown["success"] = f"{row['success_rate']:.1%}"
                 if stall.warned:
                     shown["STALLED"] = "(see above)"
                 reporter.update(frames, {**shown, "speed": f"{row['sps']:.0f} frames/s"})
-                window_start, window_frames, window = time.perf_counter(), 0, []
+                window_start, window_frames, window, outcomes = time.perf_counter(), 0, [], []
                 split = dict.fromkeys(split, 0.0)
                 # every rank reads the same averaged row, so the ranks stop together
                 reached = stop_reached(row, args)
@@ -767,28 +781,33 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
 
 
 def stop_reached(row: dict[str, Any], args: Args) -> bool:
-    """Whether a logged row meets the run's stopping rule (--stop-return, --stop-length: each given one)."""
-    if args.stop_return is None and args.stop_length is None:
+    """Whether a logged row meets the run's stopping rule (--stop-return, --stop-length, --stop-success: each
+    given one)."""
+    if args.stop_return is None and args.stop_length is None and args.stop_success is None:
         return False
-    if "return_mean" not in row:  # no episode ended
+    if "return_mean" not in row or (args.stop_success is not None and "success_rate" not in row):  # none ended
         return False
     return ((args.stop_return is None or row["return_mean"] >= args.stop_return)
-            and (args.stop_length is None or row["length_mean"] <= args.stop_length))
+            and (args.stop_length is None or row["length_mean"] <= args.stop_length)
+            and (args.stop_success is None or row["success_rate"] >= args.stop_success))
 
 
-def reduce_stats(stats: dict[str, float], episodes: list[tuple[float, int]], ctx: Context, device):
+def reduce_stats(stats: dict[str, float], episodes: list[tuple[float, int]], ctx: Context, device,
+                 successes: list[float] = ()):
     """``(stats, episode columns)`` of one logged row: the statistics averaged over the ranks, the mean
-    return and length over the episodes that ended on all ranks (one all-reduce; identity alone)."""
-    sums = [sum(r for r, _ in episodes), sum(n for _, n in episodes), len(episodes)]
+    return and length over the episodes that ended on all ranks, and the success rate of those whose env
+    reports one (one all-reduce; identity alone)."""
+    sums = [sum(r for r, _ in episodes), sum(n for _, n in episodes), len(episodes), sum(successes), len(successes)]
     reduced = all_reduce_mean(torch.tensor([*stats.values(), *sums], dtype=torch.float64, device=device), ctx)
     reduced = reduced.cpu().tolist()
     stats = dict(zip(stats, reduced[: len(stats)], strict=True))
-    total_return, total_length, count = (value * ctx.world_size for value in reduced[len(stats):])
-    count = round(count)
+    total_return, total_length, count, total_success, judged = (value * ctx.world_size
+                                                                for value in reduced[len(stats):])
+    count, judged = round(count), round(judged)
     if not count:
         return stats, {"episodes": 0}
     return stats, {"return_mean": round(total_return / count, 4), "length_mean": round(total_length / count, 2),
-                   "episodes": count}
+                   "episodes": count, **({"success_rate": round(total_success / judged, 4)} if judged else {})}
 
 
 def _trainer_state(frames: int, optimizer, seconds: float) -> dict[str, Any]:

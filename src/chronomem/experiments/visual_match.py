@@ -1,0 +1,202 @@
+"""visual-match (paper 001 Fig. 6a, Table 3 row 6a): does an agent's memory carry a colour across a phase
+of distracting apples? Passive Visual Match in 2D (``chronomem.envs.tvt``: the pycolab game DeepMind
+released for TVT, with the colour in view from the first frame), at several distractor lengths.
+
+An agent per core and seed trains with PPO on each distractor length and is then measured on it: the
+final choice's success rate (% of episodes that step on the target's colour; chance 1/3 for an agent
+that picks a square at random) and, apart, the apple reward of the distractor phase, over
+``eval_episodes`` fresh episodes, actions sampled. The paper's number is the mean of the evaluations in
+the last 1% of training (DMLab, IMPALA); ours is one evaluation after training.
+
+Beside the memories, the memoryless agent (``mlp``: chance is its ceiling), and before them the control
+(docs/rl.md "Controls and the memoryless agent"): the same task with the target's colour also shown in
+the reward room (``control=True``), trained with the same settings at the shortest distractor; learned
+when >= 90% of its choices are right. The report says at the top when a seed did not learn it.
+
+Scales fix the frames per run: ``smoke`` (seconds, tests), ``quick`` (distractors of 30, 90 and 250
+steps, CPU-sized agents, the settings chosen on the control by time to learn: docs/rl.md "Visual
+Match"), ``paper`` (longer distractors, more frames; sized for a GPU and never run here).
+Deviations: PPO, not IMPALA; 2D boards, not DMLab's 3D rooms (the passive mode is ours).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from chronomem.envs.tvt import NUM_COLOURS, visual_match_id
+from chronomem.experiments.base import Experiment, select_models
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs
+from chronomem.experiments.rl_runs import (
+    PPORun,
+    check_cores,
+    check_no_time_budget,
+    control_summary,
+    curve,
+    plot_curves,
+)
+from chronomem.registry import register_experiment
+from chronomem.report import Claim
+
+PAPER = {"htm": {"d90": 97.0}}  # paper 001 Table 3, row 6a (DMLab's task; beside our reference-length cell)
+CONTROL_LEARNED = 90.0  # % right choices on the control
+
+
+@dataclass(frozen=True)
+class VisualMatchScale:
+    """One scale: the distractor lengths, fixed frames per run, evaluation, PPO and core settings."""
+
+    distractors: tuple[int, ...]
+    frames: int  # training frames per core, distractor and seed
+    seeds: int
+    eval_episodes: int
+    ppo: dict = field(default_factory=dict)  # chronomem.rl.ppo.Args fields
+    models: dict = field(default_factory=dict)  # core -> its options
+    mode: str = "passive"
+    observation: str = "symbolic"
+    control_frames: int = 0  # per core and seed on the control at the shortest distractor (0: none)
+
+
+CPU_AGENT = dict(dim=64, depth=1, heads=4, hidden=64, visual="cells")
+CPU_MODELS = {"mlp": {}, "lstm": {}, "htm": dict(chunk_size=16, top_k=4, memory_size=24),
+              "transformer-xl": dict(mem_len=128)}
+
+SCALES = {
+    "smoke": VisualMatchScale(
+        distractors=(5,), frames=140, seeds=1, eval_episodes=2,
+        ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1),
+        models={"mlp": {}, "lstm": {}, "htm": dict(chunk_size=4, memory_size=4, top_k=2)}, control_frames=70),
+    "quick": VisualMatchScale(
+        distractors=(30, 90, 250), frames=2_000_000, seeds=3, eval_episodes=300,
+        ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=4, lr=1e-3,
+                 ent_coef=0.01, norm_adv=True),
+        models=CPU_MODELS, control_frames=1_000_000),
+    "paper": VisualMatchScale(
+        distractors=(90, 250, 500), frames=50_000_000, seeds=3, eval_episodes=1000,
+        ppo=dict(dim=256, depth=2, heads=8, hidden=256, num_envs=64, num_steps=128, num_minibatches=8,
+                 update_epochs=4, lr=3e-4, ent_coef=0.01, norm_adv=True, checkpoint_every=500),
+        models={"mlp": {}, "lstm": {}, "htm": dict(chunk_size=32, top_k=8, memory_size=24),
+                "transformer-xl": dict(mem_len=256)},
+        control_frames=5_000_000),
+}
+
+
+@dataclass(frozen=True)
+class MatchRun:
+    """One core, distractor length and seed: its PPO run and its evaluation (the job of ``Jobs.map``)."""
+
+    run: PPORun
+    eval_episodes: int
+    progress: bool  # of the evaluation
+
+
+def _train_and_evaluate(job: MatchRun) -> dict:
+    """Train one agent, then measure its choices and apples on its own env: its row of ``extra``."""
+    from chronomem.rl.evaluate import evaluate
+
+    result = job.run.train()
+    env = job.run.env_id
+    measured = evaluate(result.agent, env, job.eval_episodes, seed=10_000 + job.run.seed,
+                        num_envs=min(16, job.eval_episodes), progress=job.progress)
+    final_reward = 10.0  # TVTEnv's default, which every registered id keeps: return = apples + 10 x success
+    return {"seed": job.run.seed, "frames": result.frames, "train_seconds": round(result.seconds, 1),
+            "frames_per_second": round(result.frames / max(result.seconds, 1e-9)),
+            "success": round(100 * measured["success_rate"], 2),
+            "apples": round(measured["return_mean"] - final_reward * measured["success_rate"], 3),
+            "curve": curve(result.history), "success_curve": success_curve(result.history)}
+
+
+def success_curve(history: list[dict]) -> list[tuple[int, float]]:
+    """(frames, % right choices of the training episodes that ended in that logged window)."""
+    return [(int(row["step"]), round(100 * float(row["success_rate"]), 2)) for row in history if "success_rate" in row]
+
+
+def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
+         time_budget: float | None = None, resume: bool = False, progress: bool = True,
+         jobs: Jobs = SEQUENTIAL) -> dict:
+    check_no_time_budget("visual-match", time_budget)
+    s = SCALES[scale]
+    chosen = select_models(s.models, models, "visual-match")
+
+    def env(distractor: int, control: bool = False) -> str:
+        return visual_match_id(s.mode, distractor, control, s.observation)
+
+    check_cores("visual-match", chosen, env(s.distractors[0]), s.ppo, s.models)  # before anything trains
+    out, seeds, show = Path(out), range(seed, seed + s.seeds), progress and scale != "smoke"
+
+    def job(env_id: str, frames: int, model: str, run_seed: int, where: Path) -> MatchRun:
+        run = PPORun(env_id, model, s.models[model], s.ppo, frames, run_seed, str(where / f"{model}-seed{run_seed}"),
+                     show, resume)
+        return MatchRun(run, s.eval_episodes, show)
+
+    control_env = env(s.distractors[0], control=True)
+    controls = [job(control_env, s.control_frames, m, r, out / "control") for m in chosen for r in seeds
+                if s.control_frames]
+    runs = [job(env(d), s.frames, m, r, out / f"d{d}") for m in chosen for d in s.distractors for r in seeds]
+    done = iter(jobs.map(_train_and_evaluate, [*controls, *runs]))
+    control_rows = {m: [next(done) for _ in seeds] for m in chosen} if controls else {}
+    results, per_seed, extra = {}, {}, {"runs": {}, "apples": {}}
+    for model in chosen:
+        results[model], per_seed[model], extra["apples"][model], extra["runs"][model] = {}, {}, {}, []
+        for d in s.distractors:
+            rows = [next(done) for _ in seeds]
+            for row in rows:
+                row["distractor"] = d
+            extra["runs"][model] += rows
+            per_seed[model][f"d{d}"] = [row["success"] for row in rows]
+            results[model][f"d{d}"] = round(sum(per_seed[model][f"d{d}"]) / len(rows), 1)
+            extra["apples"][model][f"d{d}"] = round(sum(row["apples"] for row in rows) / len(rows), 2)
+    config = {"scale": scale, **asdict(s), "models": list(chosen)}
+    produced = {"results": results, "per_seed": per_seed, "config": config, "extra": extra}
+    if control_rows:
+        config["control_env"] = control_env
+        extra["control"] = control_rows
+        produced["control"] = control_summary(
+            f"`{control_env}` (the target's colour also shown in the reward room)", s.control_frames,
+            "success (%): right final choices", f"success >= {CONTROL_LEARNED:.0f}% ({s.eval_episodes} evaluation "
+            "episodes)", {m: [r["success"] for r in rows] for m, rows in control_rows.items()},
+            {m: [r["success"] >= CONTROL_LEARNED for r in rows] for m, rows in control_rows.items()})
+    plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
+    return produced
+
+
+def plot_learning_curves(results: dict, path: Path) -> None:
+    """learning_curves.png: per distractor length (and the control), the % of right final choices of the
+    training episodes against frames, per core the mean over seeds with a band from the lowest to the
+    highest seed, chance (1/3) dashed."""
+    extra, config = results["extra"], results["config"]
+    panels: dict[str, dict] = {f"distractor {d}": {} for d in config["distractors"]}
+    for model, rows in extra["runs"].items():
+        for row in rows:
+            panels[f"distractor {row['distractor']}"].setdefault(model, []).append(row["success_curve"])
+    if extra.get("control"):
+        panels["control (colour shown)"] = {m: [r["success_curve"] for r in rows]
+                                            for m, rows in extra["control"].items()}
+    plot_curves(panels, path, f"visual-match ({results['scale']}): right final choices (%) against frames",
+                chance=dict.fromkeys(panels, 100 / NUM_COLOURS), chance_label="chance: a random square (1/3)",
+                ylim=(0, 100))
+
+
+VISUAL_MATCH = register_experiment(
+    Experiment(
+        name="visual-match",
+        description="Passive Visual Match (paper 001 Fig. 6a) in 2D: remember a colour across a phase of apples; "
+        "a memoryless agent and a control (the colour shown at the choice) beside the memories.",
+        run=_run,
+        paper=PAPER,
+        metric="right final choices (%)",
+        paper_source="paper 001 Table 3 row 6a (DMLab's passive visual match, IMPALA, evaluations in the last 1% "
+        "of training); beside our d90, the pycolab reference's distractor length",
+        notes="Ours: the pycolab game in 2D with the whole board in view (passive), PPO (not IMPALA), one "
+        "evaluation after training of `eval_episodes` episodes per cell, actions sampled. Chance is 1/3 (a "
+        "random square), where the memoryless agent (`mlp`) must stay. The apple reward is reported apart "
+        "(extra.apples). The control: the colour also shown in the reward room, trained first with the same "
+        "settings at the shortest distractor. learning_curves.png: % right choices of the training episodes "
+        "against frames.",
+        chance={f"d{d}": round(100 / NUM_COLOURS, 1) for d in (5, 30, 90, 250, 500)},
+        claims=(Claim("HTM remembers the colour across the distractor phase; the memoryless agent does not",
+                      "htm", "mlp"),
+                Claim("The LSTM remembers the colour; the memoryless agent does not", "lstm", "mlp"),
+                Claim("HTM above the LSTM at the longest distractor", "htm", "lstm", settings=("d250",))),
+    )
+)

@@ -1,0 +1,104 @@
+"""Agents on Visual Match and Key-to-Door: the success each episode reports reaches PPO's log and the
+evaluation, apart from the apples, and an agent's encoder reads the grids."""
+
+import numpy as np
+import pytest
+
+gym = pytest.importorskip("gymnasium")
+
+from tests.test_rl_evaluate import tiny_agent  # noqa: E402
+
+from chronomem.envs.tvt import key_to_door_id, visual_match_id  # noqa: E402
+from chronomem.rl.ppo import EpisodeTracker, reduce_stats  # noqa: E402
+
+
+def test_the_tracker_keeps_the_reported_successes_of_ended_episodes():
+    tracker = EpisodeTracker(3)
+    tracker.step(np.array([1.0, 2.0, 3.0]), np.array([False, False, False]), {})
+    final = {"success": np.array([True, False, False]), "_success": np.array([True, False, True])}
+    tracker.step(np.array([10.0, 0.0, 1.0]), np.array([True, False, True]), {"final_info": final})
+    finished, successes = tracker.take()
+    assert finished == [(11.0, 2), (4.0, 2)] and successes == [1.0, 0.0]
+    assert tracker.take() == ([], [])
+    # a truncation ends no game: its row reports no success and counts for the return alone
+    tracker.step(np.zeros(3), np.array([True, False, False]), {"final_info": {"phase": np.array([2, 0, 0])}})
+    assert tracker.take() == ([(0.0, 1)], [])
+
+
+def test_a_logged_row_has_the_success_rate_of_the_judged_episodes():
+    from chronomem.train.distributed import Context
+
+    ctx = Context()
+    _, row = reduce_stats({"loss": 1.0}, [(1.0, 5), (3.0, 7)], ctx, "cpu", [1.0, 0.0, 1.0, 1.0])
+    assert row == {"return_mean": 2.0, "length_mean": 6.0, "episodes": 2, "success_rate": 0.75}
+    _, row = reduce_stats({"loss": 1.0}, [(1.0, 5)], ctx, "cpu")
+    assert "success_rate" not in row
+
+
+@pytest.mark.parametrize("env_id", [visual_match_id("passive", 30), visual_match_id("active", 30, observation="pixels"),
+                                    key_to_door_id(30)])
+def test_evaluate_reports_the_env_success_not_the_share_of_positive_returns(env_id):
+    from chronomem.rl.evaluate import evaluate
+
+    agent = tiny_agent(env_id)
+    # apples pay 0.01 here, so an episode's return is 10 * success + at most 0.3 of apples
+    result = evaluate(agent, env_id, episodes=40, num_envs=8, progress=False, apple_rewards=0.01)
+    assert 0.0 <= result["success_rate"] <= 1.0
+    # the same episodes: the mean return is 10 x the success rate plus the apples' share (the share of
+    # positive returns would say 1.0 and leave the apples negative)
+    apples = result["return_mean"] - 10 * result["success_rate"]
+    assert 0.0 <= apples <= 0.3 + 1e-9, result
+
+
+def test_ppo_logs_the_success_rate():
+    from chronomem.rl.ppo import Args, train
+
+    args = Args(env=visual_match_id("passive", 30, control=True), core="mlp", dim=8, hidden=8, num_envs=4, num_steps=60,
+                num_minibatches=1, update_epochs=1, total_frames=960, device="cpu", progress=False, log_every=1)
+    history = train(args).history
+    rows = [row for row in history if row.get("episodes")]
+    assert rows and all(0.0 <= row["success_rate"] <= 1.0 for row in rows)
+    assert sum(row["episodes"] for row in rows) == 960 // 60  # every episode is 60 steps and reports one
+
+
+def test_stop_success_ends_the_run_at_the_first_logged_rate_that_reaches_it():
+    from chronomem.rl.ppo import Args, stop_reached, train
+
+    tiny = dict(env=visual_match_id("passive", 5), core="mlp", dim=8, hidden=8, num_envs=4, num_steps=35,
+                num_minibatches=1, update_epochs=1, total_frames=140 * 3, device="cpu", progress=False, log_every=1)
+    assert train(Args(**tiny, stop_success=0.0)).frames == 140  # every rate is >= 0: the first row stops it
+    assert train(Args(**tiny, stop_success=1.01)).frames == 140 * 3  # out of reach: the whole run
+    args = Args(**tiny, stop_success=0.5, stop_return=5.0)
+    assert stop_reached({"return_mean": 6.0, "length_mean": 35, "success_rate": 0.5}, args)
+    assert not stop_reached({"return_mean": 4.0, "length_mean": 35, "success_rate": 0.9}, args)  # both must hold
+    assert not stop_reached({"return_mean": 6.0, "length_mean": 35}, args)  # no episode reported one
+
+
+@pytest.mark.parametrize("visual", ["cnn", "cells"])
+@pytest.mark.parametrize("env_id", [visual_match_id("passive", 5), visual_match_id("active", 5, observation="pixels")])
+def test_the_ballet_encoder_reads_a_grid_alone_of_any_shape(env_id, visual):
+    import torch
+
+    from chronomem.encoders import BalletEncoder, encoder_for
+    from chronomem.envs.make import make_vector_env
+    from chronomem.rl.ppo import as_tensor, obs_map
+
+    envs = make_vector_env(env_id, 3)
+    obs, _ = envs.reset(seed=0)
+    encoder = encoder_for(envs.single_observation_space, 16, visual=visual)
+    key = "grid" if "grid" in obs else "image"
+    assert isinstance(encoder, BalletEncoder) and encoder.vocab_size == 0 and encoder.words is None
+    assert encoder.view == obs[key].shape[1:3] and encoder.input_shape == obs[key].shape[1:]
+    batch = obs_map(lambda x: x.unsqueeze(1), as_tensor(obs, "cpu"))
+    x = encoder(batch)
+    picture, instruction = encoder.reconstruction_targets(batch)
+    assert x.shape == (3, 1, 16) and instruction is None
+    # each row's encoding is its own observation's: rows differ where the boards do
+    alone = encoder(obs_map(lambda t: t[:1], batch))
+    assert not torch.allclose(x[0], x[1]) and torch.allclose(alone, x[:1], atol=1e-6)
+    loss = encoder.decoder(16)(torch.randn(3, 1, 16), picture, instruction)
+    assert loss.shape == (3, 1) and bool((loss > 0).all())
+    with pytest.raises(TypeError, match=repr(key)):
+        encoder({"instruction": batch[key]})
+    with pytest.raises(ValueError, match="shape"):
+        encoder({key: batch[key][:, :, :-1]})
