@@ -232,18 +232,21 @@ def check_readable(fig, path):
     assert all(page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1 for box in outside)
 
 
-def test_learning_curves_show_a_seed_band_a_random_line_shared_axes_and_a_legend_outside(tmp_path, monkeypatch):
+def test_learning_curves_show_a_seed_band_a_random_line_a_shared_y_axis_and_a_legend_outside(tmp_path, monkeypatch):
     from chronomem.experiments.rl_runs import plot_curves
 
     frames = [1000 * (i + 1) for i in range(10)]
     seeds = [[(f, 0.1 * s + f / 1e5) for f in frames] for s in range(3)]  # seed s: 0.1 s above seed 0
     panels = {"A": {"lstm": seeds, "htm": seeds[:1]}, "B": {"lstm": [[(f, -0.5) for f in frames]] * 3},
-              "C": {"htm": seeds}, "D": {"lstm": seeds}}
+              "C": {"htm": seeds}, "D": {"lstm": [[(10 * f, v) for f, v in seed] for seed in seeds]}}
     chance = {"A": -0.25, "B": 0.5, "C": 0.0, "D": 0.1}
-    fig = drawn(monkeypatch, lambda: plot_curves(panels, tmp_path / "c.png", "a title", chance=chance, ylim=(-1, 1)))
+    fig = drawn(monkeypatch, lambda: plot_curves(panels, tmp_path / "c.png", "a title", chance=chance, ylim=(-1, 1),
+                                                 ylabel="the y"))
     check_readable(fig, tmp_path / "c.png")
     shown = [ax for ax in fig.axes if ax.axison]
     assert len(shown) == 4 and all(ax.get_ylim() == (-1, 1) for ax in shown)  # 2 rows of 3: one slot empty
+    assert shown[3].get_xlim()[1] > 5 * shown[0].get_xlim()[1]  # each panel its own frames (a longer run: D)
+    assert shown[0].get_ylabel() == "the y"
     for ax in shown:
         dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
         assert [list(line.get_ydata()) for line in dashed] == [[chance[ax.get_title()]] * 2]

@@ -102,3 +102,18 @@ def test_the_ballet_encoder_reads_a_grid_alone_of_any_shape(env_id, visual):
         encoder({"instruction": batch[key]})
     with pytest.raises(ValueError, match="shape"):
         encoder({key: batch[key][:, :, :-1]})
+
+
+def test_the_visual_match_probe_runs_and_records(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "probes.jsonl"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "visual_match_probe.py"
+    subprocess.run([sys.executable, str(script), "tiny", "--frames", "1024", "num_envs=4",
+                    "num_minibatches=2", "env.apple_rewards=0.0", "--jsonl", str(out)], check=True, capture_output=True)
+    record = json.loads(out.read_text())
+    assert record["env"] == {"apple_rewards": 0.0} and record["args"] == {"num_envs": 4, "num_minibatches": 2}
+    assert record["frames"] == 1024 and 0.0 <= record["eval_success"] <= 1.0

@@ -77,6 +77,7 @@ ROWS, COLS = 7, 11  # every board
 CROP = 5  # the active view (the reference's ScrollingCropper)
 MOVES = np.array([(-1, 0), (1, 0), (0, -1), (0, 1)])  # north, south, west, east (the reference's 0-3)
 RESPAWN = 20  # frames until an eaten apple may grow back (the reference's DEFAULT_APPLE_RESPAWN_TIME)
+EXPLORE, REWARD = 15, 15  # the first and last phases' actions (the reference's DEFAULT_MAX_FRAMES_PER_PHASE)
 
 # Cell codes on a board. The player is not on the board: it is drawn over it.
 FLOOR, WALL, APPLE, KEY, DOOR, INDICATOR, COLOUR = 0, 1, 2, 3, 4, 5, 6  # COLOUR + k: colour k of 3
@@ -273,7 +274,7 @@ class TVTEnv(gym.Env if gym is not None else object):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
 
     def __init__(self, game: str = "visual_match", mode: str = "passive", observation: str = "symbolic",
-                 distractor: int = 90, explore: int = 15, reward: int = 15, num_apples: int = 10,
+                 distractor: int = 90, explore: int = EXPLORE, reward: int = REWARD, num_apples: int = 10,
                  apple_rewards: tuple[float, ...] = (1.0, 10.0), final_reward: float = 10.0, control: bool = False,
                  render_mode: str | None = None):
         if gym is None:

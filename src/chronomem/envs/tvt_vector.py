@@ -34,6 +34,7 @@ from chronomem.envs.tvt import (
     CROP,
     DOOR,
     DOOR_CELL,
+    EXPLORE,
     FLOOR,
     INDICATOR,
     INDICATOR_CELL,
@@ -42,6 +43,7 @@ from chronomem.envs.tvt import (
     PLAYER_CHANNEL,
     PLAYER_PIXEL,
     RESPAWN,
+    REWARD,
     ROWS,
     SQUARE_CELLS,
     SQUARES,
@@ -80,7 +82,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
     metadata = {"render_modes": [], "autoreset_mode": gym.vector.AutoresetMode.SAME_STEP if gym is not None else None}
 
     def __init__(self, num_envs: int, game: str = "visual_match", mode: str = "passive", observation: str = "symbolic",
-                 distractor: int = 90, explore: int = 15, reward: int = 15, num_apples: int = 10,
+                 distractor: int = 90, explore: int = EXPLORE, reward: int = REWARD, num_apples: int = 10,
                  apple_rewards: tuple[float, ...] = (1.0, 10.0), final_reward: float = 10.0, control: bool = False,
                  max_episode_steps: int | None = None):
         if gym is None:

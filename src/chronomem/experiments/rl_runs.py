@@ -214,12 +214,14 @@ def random_return(env_id: str, episodes: int = 500, seed: int = 0) -> float:
 
 def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: str,
                 chance: dict[str, float] | None = None, chance_label: str = "random policy",
-                ylim: tuple[float, float] | None = None, seeds: int | None = None) -> None:
+                ylim: tuple[float, float] | None = None, seeds: int | None = None,
+                ylabel: str = "mean episodic return") -> None:
     """One panel per setting (env or level mixture), one colour per core: the mean return over its seeds
     (``panels[setting][core]``: one curve per seed) against frames, ``smooth``ed to at most 50 points
     (results.json keeps every update's), a band from the lowest to the highest seed, and ``chance``'s
-    return of the setting as a dashed line. Panels share their axes (``ylim``, if given, for all): the
-    same quantity is read on the same scale. One legend, outside the panels. ``seeds``: how many seeds
+    return of the setting as a dashed line. Panels share the y-axis (``ylim``, if given, for all): the
+    same quantity is read on the same scale; each has its own frames (a control runs shorter than the
+    task, a longer episode longer). One legend, outside the panels. ``seeds``: how many seeds
     each line averages, when only their mean curve is given (results written before the per-seed curves
     were kept): the legend says so, and there is no band."""
     import matplotlib
@@ -234,7 +236,7 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
     rows = -(-len(panels) // columns)
     # 100 dpi: at least 850 px wide (constrained layout keeps the figure's size); room for the legend below.
     fig, axes = plt.subplots(rows, columns, figsize=(max(8.5, 3.8 * columns), 1.9 + 2.8 * rows),
-                             squeeze=False, sharex=True, sharey=True, layout="constrained")
+                             squeeze=False, sharey=True, layout="constrained")
     colours = {}  # one colour per core across panels
     given = max((len(c) for lines in panels.values() for c in lines.values()), default=0)
     for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
@@ -258,11 +260,12 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
         axes.flat[i - columns].set_xlabel("frames")
     if ylim is not None:
         axes.flat[0].set_ylim(*ylim)  # shared by every panel
-    axes.flat[0].xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
+    for ax in axes.flat:
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
     for ax in axes[-1][:len(panels) - (rows - 1) * columns]:
         ax.set_xlabel("frames")
     for ax in axes[:, 0]:
-        ax.set_ylabel("mean episodic return")
+        ax.set_ylabel(ylabel)
     handles = {}  # one entry per label, from whichever panel drew it
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):

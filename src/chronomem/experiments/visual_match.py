@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from chronomem.envs.tvt import NUM_COLOURS, visual_match_id
+from chronomem.envs.tvt import EXPLORE, NUM_COLOURS, REWARD, visual_match_id
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.experiments.rl_runs import (
@@ -47,37 +47,57 @@ class VisualMatchScale:
     """One scale: the distractor lengths, fixed frames per run, evaluation, PPO and core settings."""
 
     distractors: tuple[int, ...]
-    frames: int  # training frames per core, distractor and seed
+    episodes: int  # training episodes per core, distractor and seed: frames = episodes x episode length
     seeds: int
     eval_episodes: int
     ppo: dict = field(default_factory=dict)  # chronomem.rl.ppo.Args fields
     models: dict = field(default_factory=dict)  # core -> its options
     mode: str = "passive"
     observation: str = "symbolic"
-    control_frames: int = 0  # per core and seed on the control at the shortest distractor (0: none)
+    control_episodes: int = 0  # per core and seed on the control at the shortest distractor (0: none)
+
+    def frames(self, distractor: int) -> int:
+        """A run's frames: the same number of episodes (of choices) at every distractor length."""
+        return self.episodes * episode_length(distractor)
+
+    @property
+    def control_frames(self) -> int:
+        return self.control_episodes * episode_length(self.distractors[0])
+
+
+def episode_length(distractor: int) -> int:
+    """Explore, distractor and reward phases (``TVTEnv``'s defaults, which every registered id keeps)."""
+    return EXPLORE + distractor + REWARD
 
 
 CPU_AGENT = dict(dim=64, depth=1, heads=4, hidden=64, visual="cells")
+# HTM's memory holds 24 chunks of 16 steps (384 > the 280 steps of the longest quick episode);
+# Transformer-XL's extra length is the paper's 256 (App. A Table 1): at distractor 250 the choice
+# reaches back to the colour's last steps, no further.
 CPU_MODELS = {"mlp": {}, "lstm": {}, "htm": dict(chunk_size=16, top_k=4, memory_size=24),
-              "transformer-xl": dict(mem_len=128)}
+              "transformer-xl": dict(mem_len=256)}
 
 SCALES = {
     "smoke": VisualMatchScale(
-        distractors=(5,), frames=140, seeds=1, eval_episodes=2,
+        distractors=(5,), episodes=4, seeds=1, eval_episodes=2,
         ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1),
-        models={"mlp": {}, "lstm": {}, "htm": dict(chunk_size=4, memory_size=4, top_k=2)}, control_frames=70),
+        models={"mlp": {}, "lstm": {}, "htm": dict(chunk_size=4, memory_size=4, top_k=2)}, control_episodes=2),
+    # The settings that learned the control soonest (docs/rl.md "Visual Match"); the same number of
+    # episodes (of choices) at every distractor length; checkpoints every ~0.4M frames for --resume.
     "quick": VisualMatchScale(
-        distractors=(30, 90, 250), frames=2_000_000, seeds=3, eval_episodes=300,
+        distractors=(30, 90, 250), episodes=12_000, seeds=3, eval_episodes=300,
         ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=4, lr=1e-3,
-                 ent_coef=0.01, norm_adv=True),
-        models=CPU_MODELS, control_frames=1_000_000),
+                 ent_coef=0.01, norm_adv=True, checkpoint_every=200),
+        models=CPU_MODELS, control_episodes=15_000),
+    # Longer distractors, more episodes, wider agents: sized for a GPU (docs/rl.md: 3,465 frames/s for
+    # this HTM agent on an H100, 8,174 for the LSTM) and never run here.
     "paper": VisualMatchScale(
-        distractors=(90, 250, 500), frames=50_000_000, seeds=3, eval_episodes=1000,
-        ppo=dict(dim=256, depth=2, heads=8, hidden=256, num_envs=64, num_steps=128, num_minibatches=8,
-                 update_epochs=4, lr=3e-4, ent_coef=0.01, norm_adv=True, checkpoint_every=500),
+        distractors=(90, 250, 500), episodes=100_000, seeds=3, eval_episodes=1000,
+        ppo=dict(dim=256, depth=2, heads=8, hidden=256, visual="cells", num_envs=64, num_steps=128,
+                 num_minibatches=8, update_epochs=4, lr=3e-4, ent_coef=0.01, norm_adv=True, checkpoint_every=500),
         models={"mlp": {}, "lstm": {}, "htm": dict(chunk_size=32, top_k=8, memory_size=24),
-                "transformer-xl": dict(mem_len=256)},
-        control_frames=5_000_000),
+                "transformer-xl": dict(mem_len=512)},
+        control_episodes=50_000),
 }
 
 
@@ -132,7 +152,7 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     control_env = env(s.distractors[0], control=True)
     controls = [job(control_env, s.control_frames, m, r, out / "control") for m in chosen for r in seeds
                 if s.control_frames]
-    runs = [job(env(d), s.frames, m, r, out / f"d{d}") for m in chosen for d in s.distractors for r in seeds]
+    runs = [job(env(d), s.frames(d), m, r, out / f"d{d}") for m in chosen for d in s.distractors for r in seeds]
     done = iter(jobs.map(_train_and_evaluate, [*controls, *runs]))
     control_rows = {m: [next(done) for _ in seeds] for m in chosen} if controls else {}
     results, per_seed, extra = {}, {}, {"runs": {}, "apples": {}}
@@ -146,7 +166,8 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             per_seed[model][f"d{d}"] = [row["success"] for row in rows]
             results[model][f"d{d}"] = round(sum(per_seed[model][f"d{d}"]) / len(rows), 1)
             extra["apples"][model][f"d{d}"] = round(sum(row["apples"] for row in rows) / len(rows), 2)
-    config = {"scale": scale, **asdict(s), "models": list(chosen)}
+    config = {"scale": scale, **asdict(s), "models": list(chosen),
+              "frames": {f"d{d}": s.frames(d) for d in s.distractors}, "control_frames": s.control_frames}
     produced = {"results": results, "per_seed": per_seed, "config": config, "extra": extra}
     if control_rows:
         config["control_env"] = control_env
@@ -174,7 +195,7 @@ def plot_learning_curves(results: dict, path: Path) -> None:
                                             for m, rows in extra["control"].items()}
     plot_curves(panels, path, f"visual-match ({results['scale']}): right final choices (%) against frames",
                 chance=dict.fromkeys(panels, 100 / NUM_COLOURS), chance_label="chance: a random square (1/3)",
-                ylim=(0, 100))
+                ylim=(0, 100), ylabel="right final choices (%)")
 
 
 VISUAL_MATCH = register_experiment(

@@ -1,0 +1,78 @@
+"""What slows Visual Match's choice? One PPO run on the control at a short distractor (the colour also
+shown at the choice, so no memory is needed), with changes to the agent's settings or to the env
+(``env.KEY=VALUE``: e.g. ``env.apple_rewards=0.0``, no apples), until 90% of a logged update's choices
+are right or a frame cap; then an evaluation of 200 episodes. One JSON line per run (docs/rl.md, "Visual
+Match": the probes).
+
+    python benchmarks/visual_match_probe.py starter --core mlp
+    python benchmarks/visual_match_probe.py no-apples --core mlp env.apple_rewards=0.0 --jsonl runs/probes.jsonl
+    python benchmarks/visual_match_probe.py raw-advantages --core mlp norm_adv=False
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import time
+from pathlib import Path
+
+# minigrid-transfer's (rl-starter-files') settings with advantages normalised, the per-cell vision
+BASE = dict(dim=64, depth=1, hidden=64, visual="cells", num_envs=16, num_steps=128, num_minibatches=8,
+            update_epochs=4, lr=1e-3, ent_coef=0.01, norm_adv=True)
+
+
+def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: int, frames: int, seed: int) -> dict:
+    import gymnasium as gym
+    import torch
+
+    import chronomem.envs  # noqa: F401  (registers the entry points named below)
+    from chronomem.rl.evaluate import evaluate
+    from chronomem.rl.ppo import Args, train
+
+    torch.set_num_threads(1)
+    env_id = f"probe/VisualMatch-{name}-v0"  # the control with the env changes
+    gym.register(env_id, entry_point="chronomem.envs.tvt:TVTEnv",
+                 vector_entry_point="chronomem.envs.tvt_vector:TVTVectorEnv",
+                 kwargs={"mode": "passive", "distractor": distractor, "control": True, **env_changes})
+    args = Args(env=env_id, core=core, **{**BASE, **changes}, total_frames=frames, seed=seed, stop_success=0.9,
+                progress=False, log_every=1)
+    start = time.perf_counter()
+    result = train(args)
+    rows = [row for row in result.history if "success_rate" in row]
+    measured = evaluate(result.agent, env_id, 200, progress=False)
+    kls = sorted(row["approx_kl"] for row in result.history)
+    return {"name": name, "core": core, "env": env_changes, "args": changes, "distractor": distractor, "seed": seed,
+            "frames": result.frames, "seconds": round(time.perf_counter() - start),
+            "learned": rows[-1]["success_rate"] >= 0.9, "train_success_last": rows[-1]["success_rate"],
+            "eval_success": measured["success_rate"], "kl_median": kls[len(kls) // 2],
+            "entropy_last": rows[-1]["entropy"],
+            "success_every_98k": [row["success_rate"] for row in rows if row["step"] % 98_304 < 2048]}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("name")
+    parser.add_argument("changes", nargs="*", metavar="KEY=VALUE", help="Args fields, or env.KEY for the env's")
+    parser.add_argument("--core", default="mlp")
+    parser.add_argument("--distractor", type=int, default=5)
+    parser.add_argument("--frames", type=int, default=400_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--jsonl", help="append the record to this file")
+    args = parser.parse_intermixed_args(argv)
+    changes, env_changes = {}, {}
+    for pair in args.changes:
+        key, _, value = pair.partition("=")
+        if not value:
+            parser.error(f"changes must be KEY=VALUE, got {pair!r}")
+        target = env_changes if key.startswith("env.") else changes
+        target[key.removeprefix("env.")] = ast.literal_eval(value)
+    record = probe(args.name, args.core, changes, env_changes, args.distractor, args.frames, args.seed)
+    print(json.dumps(record))
+    if args.jsonl:
+        with open(Path(args.jsonl), "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
