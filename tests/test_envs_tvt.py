@@ -102,7 +102,7 @@ def _walk(env, actions):
 def test_a_forced_visual_match_episode_plays_the_reference_rules():
     env = TVTEnv(distractor=30)
     obs, info = env.reset(options={"layout": _layout()})
-    assert info == {"phase": 0, "step": 0} and obs["grid"].shape == (7, 11, len(SYMBOLS))
+    assert info == {"phase": 0, "step": 0, "apple_reward": 0.0} and obs["grid"].shape == (7, 11, len(SYMBOLS))
     cue = CUE_CELLS[0]  # the target's colour (colour 0: target square 1 has colours[1] = 0) on the wall
     assert obs["grid"][cue][COLOUR + 0] == 1 and obs["grid"].sum(axis=(0, 1))[COLOUR:].tolist() == [1, 0, 0]
     # explore: walking into the coloured wall leaves the player where it is; 15 steps, then the apples
@@ -110,10 +110,12 @@ def test_a_forced_visual_match_episode_plays_the_reference_rules():
     assert reward == 0 and not terminated and info["phase"] == 1
     assert tuple(env._player) == (5, 5)
     # distractor: apple cell 0 is (1, 1); eat it, wait, and it grows back 21 frames after it was eaten
-    obs, reward, *_ = _walk(env, [W, W, W, W, N, N, N, N])  # (5, 1) ... (1, 1): apples on the way pay too
+    obs, reward, *_, info = _walk(env, [W, W, W, W, N, N, N, N])  # (5, 1) ... (1, 1): apples on the way pay too
     assert tuple(env._player) == (1, 1) and env._board[APPLE_CELLS[0]] == 0
-    eaten_at = env._frame
-    for _ in range(20):
+    assert reward == info["apple_reward"] == 10.0  # the step's reward is all apple
+    assert env.step(S)[-1]["apple_reward"] == 0.0
+    eaten_at = env._frame - 1
+    for _ in range(19):
         env.step(S if env._frame % 2 else N)  # back and forth between (2, 1) and (1, 1)? (2, 1) is a wall
     assert env._frame == eaten_at + 20 and env._board[APPLE_CELLS[0]] == 0
     env.step(E)

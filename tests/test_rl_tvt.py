@@ -117,3 +117,62 @@ def test_the_visual_match_probe_runs_and_records(tmp_path):
     record = json.loads(out.read_text())
     assert record["env"] == {"apple_rewards": 0.0} and record["args"] == {"num_envs": 4, "num_minibatches": 2}
     assert record["frames"] == 1024 and 0.0 <= record["eval_success"] <= 1.0
+
+
+# ---- a reward part learned apart (Args.reward_part) -------------------------------------------------------
+
+
+def test_gae_of_two_reward_parts_is_gae_of_each_part():
+    import dataclasses
+
+    import torch
+    from tests.test_ppo import random_rollout
+
+    from chronomem.rl.ppo import gae
+
+    a, b = random_rollout(0), random_rollout(1)  # the same ends (seeded alike below), two parts' numbers
+    b = dataclasses.replace(b, terminated=a.terminated, truncated=a.truncated)
+    final = torch.where(a.truncated.unsqueeze(-1), torch.stack([a.final_values, b.final_values], -1), 0.0)
+    both = dataclasses.replace(a, values=torch.stack([a.values, b.values], -1),
+                               rewards=torch.stack([a.rewards, b.rewards], -1), final_values=final,
+                               next_value=torch.stack([a.next_value, b.next_value], -1))
+    advantages, returns = gae(both, 0.9, 0.8)
+    for k, part in enumerate((a, b)):
+        want_adv, want_ret = gae(dataclasses.replace(part, final_values=final[..., k]), 0.9, 0.8)
+        torch.testing.assert_close(advantages[..., k], want_adv)
+        torch.testing.assert_close(returns[..., k], want_ret)
+
+
+def test_the_step_share_of_an_ended_episode_comes_from_its_final_info():
+    from chronomem.rl.ppo import step_share
+
+    info = {"apple_reward": np.array([0.0, 1.0, 0.0]),
+            "final_info": {"apple_reward": np.array([0.0, 0.0, 10.0]), "_apple_reward": np.array([False, False, True])}}
+    assert step_share(info, "apple_reward", 3).tolist() == [0.0, 1.0, 10.0]
+    with pytest.raises(ValueError, match="--reward-part 'apples_now'"):
+        step_share(info, "apples_now", 3)
+
+
+def test_ppo_with_a_reward_part_learns_two_returns_whose_sum_is_the_reward():
+    import torch
+
+    from chronomem.envs.make import make_vector_env
+    from chronomem.rl.ppo import Args, collect, make_agent, train
+
+    env_id = visual_match_id("passive", 5)
+    args = Args(env=env_id, core="mlp", dim=8, hidden=8, num_envs=4, num_steps=70, num_minibatches=2,
+                update_epochs=1, total_frames=560, device="cpu", progress=False, norm_adv=True,
+                reward_part="apple_reward")
+    envs = make_vector_env(env_id, 8)
+    torch.manual_seed(0)
+    agent = make_agent(args, {}, envs.single_observation_space, envs.single_action_space)
+    assert agent.critic[-1].out_features == 2
+    obs, _ = envs.reset(seed=0)
+    rollout, *_ = collect(agent, envs, obs, agent.initial_state(8), 70, reward_part="apple_reward")
+    assert rollout.values.shape == rollout.rewards.shape == (8, 70, 2)
+    apples, rest = rollout.rewards[..., 0], rollout.rewards[..., 1]
+    assert set(apples.unique().tolist()) == {0.0, 1.0, 10.0}  # the apples' part: what they paid, at any step
+    assert set(rest.unique().tolist()) == {0.0, 10.0}  # the rest: the choice, at most once in each 35-step episode
+    assert int((rest[:, :35] > 0).sum(1).max()) <= 1 and int((rest[:, 35:] > 0).sum(1).max()) <= 1
+    result = train(args)
+    assert result.frames == 560 and all(torch.isfinite(p).all() for p in result.agent.parameters())

@@ -34,7 +34,8 @@ class ActorCritic(nn.Module):
     boundaries"). Policy and value are two MLPs with one hidden layer of ``hidden`` units and tanh
     (rl-starter-files' actor and critic), initialised orthogonally with gains sqrt(2), then 0.01 for
     the policy's output and 1 for the value's (CleanRL's ``layer_init``), so the first policy is
-    near uniform.
+    near uniform. ``value_heads=K > 1``: the critic has K outputs, ``value [B, N, K]``, one return per
+    part of the reward (PPO's ``--reward-part``).
 
     ``reconstruction=w`` adds paper 001's self-supervised loss (App. A.1; the heads' option, for an
     agent): a decoder from the core's output reconstructs every step's observation (for Ballet the
@@ -49,7 +50,7 @@ class ActorCritic(nn.Module):
     """
 
     def __init__(self, encoder: nn.Module, core: nn.Module, num_actions: int, hidden: int = 64,
-                 reconstruction: float = 0.0, reconstruct_every: int = 1):
+                 reconstruction: float = 0.0, reconstruct_every: int = 1, value_heads: int = 1):
         super().__init__()
         if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
             raise ValueError(f"num_actions must be a positive int, got {num_actions!r}")
@@ -60,7 +61,8 @@ class ActorCritic(nn.Module):
         self.encoder, self.core = encoder, core
         out_dim = getattr(core, "out_dim", getattr(encoder, "dim", None))
         self.actor = self._mlp(out_dim, hidden, num_actions, 0.01)
-        self.critic = self._mlp(out_dim, hidden, 1, 1.0)
+        self.value_heads = check_positive(value_heads, "value_heads")
+        self.critic = self._mlp(out_dim, hidden, self.value_heads, 1.0)
         self.reconstruction = float(reconstruction)
         self.reconstruct_every = check_positive(reconstruct_every, "reconstruct_every")
         if self.reconstruction:
@@ -91,7 +93,9 @@ class ActorCritic(nn.Module):
         auxiliary = None
         if reconstruct:
             auxiliary = reconstruction_loss(self.decoder, self.reconstruction, y, targets, every=self.reconstruct_every)
-        logits, value = self.actor(y), self.critic(y).squeeze(-1)
+        logits, value = self.actor(y), self.critic(y)
+        if self.value_heads == 1:
+            value = value.squeeze(-1)
         return (logits, value, state, auxiliary) if return_auxiliary else (logits, value, state)
 
 

@@ -37,7 +37,8 @@ per cell as the reference renders (its ``FIXED_COLOURS`` scaled to 255, the play
 colour, on the wall cell above the middle square, so choosing needs no memory; the control every
 setting must learn first (docs/rl.md, "Controls").
 
-``info``: ``phase`` (0 explore, 1 distractor, 2 reward; ``PHASES``), ``step`` (actions so far), and at
+``info``: ``phase`` (0 explore, 1 distractor, 2 reward; ``PHASES``), ``step`` (actions so far),
+``apple_reward`` (the part of this step's reward the apples paid: PPO's ``--reward-part``), and at
 the episode's last step ``success`` (Visual Match: stepped on the target's colour; Key-to-Door: went
 through the door) and ``apples`` (the apple reward of the episode), so a table reports the choice and
 the apples separately. ``reset(options={"layout": Layout(...)})`` plays a given episode.
@@ -297,7 +298,7 @@ class TVTEnv(gym.Env if gym is not None else object):
         if layout is None:
             layout = sample_layout(self.np_random, self.game, self.num_apples, self.apple_rewards)
         self.layout = check_layout(layout, self.num_apples, "options['layout']")
-        self._steps, self._apples, self._success, self._has_key = 0, 0.0, False, False
+        self._steps, self._apples, self._success, self._has_key, self._apple_now = 0, 0.0, False, False, 0.0
         self._done = False
         self._enter(0)
         return self._observe(), self._info()
@@ -329,12 +330,13 @@ class TVTEnv(gym.Env if gym is not None else object):
         if inside and not self._blocked(tuple(target)):
             self._player = target
         reward, here = 0.0, tuple(self._player)
-        self._indicator = False
+        self._indicator, self._apple_now = False, 0.0
         if self._phase == 1:  # the apples: eaten, then grown back 21 frames later
             if self._board[here] == APPLE:
                 self._board[here], self._eaten[here] = FLOOR, self._frame
                 reward += self.layout.apple_reward
                 self._apples += self.layout.apple_reward
+                self._apple_now = self.layout.apple_reward
             regrow = (self._eaten >= 0) & (self._frame > self._eaten + RESPAWN)
             self._board[regrow] = APPLE
         elif self._phase == 0 and self.game == "key_to_door" and self._board[here] == KEY:
@@ -382,7 +384,7 @@ class TVTEnv(gym.Env if gym is not None else object):
         return {"image": image}
 
     def _info(self) -> dict:
-        info = {"phase": self._phase, "step": self._steps}
+        info = {"phase": self._phase, "step": self._steps, "apple_reward": self._apple_now}
         if self._done:
             info.update(success=self._success, apples=self._apples)
         return info

@@ -109,7 +109,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
         self.phase, self.frame = np.zeros(B, np.int64), np.zeros(B, np.int64)
         self.apple_reward, self.target = np.zeros(B), np.zeros(B, np.int64)
         self.has_key, self.door_open, self.indicator = (np.zeros(B, np.bool_) for _ in range(3))
-        self.success, self.apples = np.zeros(B, np.bool_), np.zeros(B)
+        self.success, self.apples, self.apple_now = np.zeros(B, np.bool_), np.zeros(B), np.zeros(B)
         self.steps = None  # actions in each row's episode; None until the first reset
         self.layouts: list[Layout | None] = [None] * B  # each row's current episode
 
@@ -128,6 +128,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
             self.apple_reward[row], self.target[row] = layout.apple_reward, layout.target
         rows = np.asarray(rows)
         self.steps[rows], self.has_key[rows], self.success[rows], self.apples[rows] = 0, False, False, 0.0
+        self.apple_now[rows] = 0.0
         self._enter(rows, np.zeros(len(rows), np.int64))
 
     def _enter(self, rows: np.ndarray, phases: np.ndarray) -> None:
@@ -196,6 +197,8 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
         self.board[eat, r[eat], c[eat]], self.eaten[eat, r[eat], c[eat]] = FLOOR, self.frame[eat]
         rewards[eat] += self.apple_reward[eat]
         self.apples[eat] += self.apple_reward[eat]
+        self.apple_now[:] = 0.0
+        self.apple_now[eat] = self.apple_reward[eat]
         regrow = (phase == 1)[:, None, None] & (self.eaten >= 0) & (self.frame[:, None, None] > self.eaten + RESPAWN)
         self.board[regrow] = APPLE
         if self.game == "key_to_door":
@@ -238,7 +241,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
         return obs, rewards, terminated, truncated, infos
 
     def _values(self, rows: np.ndarray) -> dict:
-        return {"phase": self.phase[rows], "step": self.steps[rows]}
+        return {"phase": self.phase[rows], "step": self.steps[rows], "apple_reward": self.apple_now[rows]}
 
     def _info(self) -> dict:
         return batched_info(self._values(self._rows), None, self.num_envs)

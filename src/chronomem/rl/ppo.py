@@ -36,6 +36,10 @@ One update:
    advantages optionally normalised per minibatch (``norm_adv``); gradient norm clipped; the learning
    rate annealed linearly to 0 over the run. A policy that stops moving (``approx_kl`` below
    ``stall_kl`` for ``stall_updates`` updates, the return flat) is reported once (``StallWatch``).
+   ``reward_part`` (a deviation, off by default): the env reports in ``info[key]`` the part of each
+   step's reward to learn apart (Visual Match's apples); two value heads learn that part's return and
+   the rest's, GAE runs on each, and the advantage is the sum of the two, each normalised alone with
+   ``norm_adv``, so a sparse goal's advantages are not scaled down by a dense distraction's.
 
 Scale-out (CleanRL's ``ppo_atari_multigpu.py`` pattern): under ``torchrun --nproc_per_node=K`` each of
 the K ranks is a learner with its own ``num_envs`` environments (seeded with ``seed + rank``) and its
@@ -137,6 +141,10 @@ class Args:
     stop_length: float | None = setting(None, "end the run early once a logged mean episode length is at most "
                                         "this (with --stop-return: once both hold); a control that wandering "
                                         "passes is learned when it is passed fast", resumable=True)
+    reward_part: str | None = setting(None, "an info key holding the part of each step's reward to learn apart "
+                                      "(Visual Match: 'apple_reward'): two value heads learn that part's return "
+                                      "and the rest's, and with --norm-adv each part's advantages are normalised "
+                                      "alone before they are summed (a deviation, docs/rl.md 'Visual Match')")
     stop_success: float | None = setting(None, "end the run early once a logged success rate reaches this (an env "
                                          "that reports each episode's success: Visual Match, Key-to-Door; with "
                                          "the other stop flags: once all hold)", resumable=True)
@@ -236,7 +244,7 @@ def make_agent(args: Args, core_options: dict[str, Any], observation_space, acti
     if weight is None:
         weight = getattr(encoder, "default_reconstruction", 0.0)
     return ActorCritic(encoder, core, int(action_space.n), args.hidden, reconstruction=weight,
-                       reconstruct_every=args.reconstruct_every)
+                       reconstruct_every=args.reconstruct_every, value_heads=2 if args.reward_part else 1)
 
 
 def check_agent_core(core: torch.nn.Module, name: str, dim: int) -> None:
@@ -288,8 +296,8 @@ class Rollout:
     obs: Any  # [B, T, ...]: a tensor or a dict of tensors
     actions: Tensor  # [B, T] long
     logprobs: Tensor  # [B, T] log pi(a_t | history) when acting
-    values: Tensor  # [B, T] V(history up to t) when acting
-    rewards: Tensor  # [B, T]
+    values: Tensor  # [B, T] V(history up to t) when acting ([B, T, 2] with a reward part: its, the rest's)
+    rewards: Tensor  # [B, T] ([B, T, 2] with a reward part)
     terminated: Tensor  # [B, T] bool: step t ended its episode in a terminal state
     truncated: Tensor  # [B, T] bool: step t ended its episode by a time limit
     final_values: Tensor  # [B, T] V(final observation) where truncated, else 0
@@ -381,12 +389,26 @@ def sample(logits: Tensor) -> tuple[Tensor, Tensor]:
     return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
 
 
+def step_share(info: dict, key: str, num_envs: int) -> np.ndarray:
+    """``info[key]`` of every env for this step: the ended episodes' from ``info["final_info"]`` (the
+    top level holds the next episode's first info there). A ValueError naming ``--reward-part`` if the
+    env does not report it."""
+    if key not in info:
+        raise ValueError(f"--reward-part {key!r}: the env's step info has no such key (it has {sorted(info)})")
+    share = np.asarray(info[key], dtype=np.float64)
+    final = info.get("final_info") or {}
+    if key in final:
+        share = np.where(final[f"_{key}"], final[key], share)
+    return share
+
+
 def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: EpisodeTracker | None = None,
-            window: int | None = None, timeout: str = "truncation"):
+            window: int | None = None, timeout: str = "truncation", reward_part: str | None = None):
     """One rollout of ``num_steps`` steps from ``next_obs`` (the envs' current observations) and the
     agent's ``state``; returns ``(rollout, next_obs, state)`` to continue from. ``window``: keep the
     state at the start of every window of that many steps (default: the rollout's start only).
-    ``timeout="failure"`` stores a time-limit truncation as a termination (``Args.timeout``). No per-environment
+    ``timeout="failure"`` stores a time-limit truncation as a termination (``Args.timeout``); ``reward_part``
+    (``Args.reward_part``) stores each step's reward as that info key's part and the rest. No per-environment
     Python on the hot path: the observations become tensors once per step, actions go to the envs as
     one array, and only the rows whose episode was truncated are read one by one."""
     mode = envs.metadata.get("autoreset_mode")
@@ -395,7 +417,9 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
                          f"chronomem.envs.make.make_vector_env builds it), got {mode}")
     device = next(agent.parameters()).device
     B, T = envs.num_envs, num_steps
-    buffers = {name: torch.zeros(B, T, device=device) for name in ("logprobs", "values", "rewards", "final_values")}
+    parts = () if reward_part is None else (2,)
+    buffers = {name: torch.zeros(B, T, *([] if name == "logprobs" else parts), device=device)
+               for name in ("logprobs", "values", "rewards", "final_values")}
     actions = torch.zeros(B, T, dtype=torch.long, device=device)
     terminated, truncated = (torch.zeros(B, T, dtype=torch.bool, device=device) for _ in range(2))
     first = as_tensor(next_obs, device)
@@ -417,7 +441,11 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
         if timeout == "failure":  # the time-out ends the return: nothing to bootstrap
             term, trunc = term | trunc, np.zeros_like(trunc)
         actions[:, t], buffers["logprobs"][:, t], buffers["values"][:, t] = action, logprob, value[:, 0]
-        buffers["rewards"][:, t] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+        reward_t = torch.as_tensor(reward, dtype=torch.float32, device=device)
+        if reward_part is not None:  # [B, 2]: the part the env names, and the rest
+            part = torch.as_tensor(step_share(info, reward_part, B), dtype=torch.float32, device=device)
+            reward_t = torch.stack([part, reward_t - part], -1)
+        buffers["rewards"][:, t] = reward_t
         terminated[:, t] = torch.as_tensor(term, device=device)
         truncated[:, t] = torch.as_tensor(trunc, device=device)
         if trunc.any():  # bootstrap: the value of the final observation, with the ended episode's state
@@ -455,16 +483,20 @@ def gae(rollout: Rollout, gamma: float, gae_lambda: float) -> tuple[Tensor, Tens
     """``(advantages, returns)`` ``[B, T]`` (Schulman et al. 2016, eq. 16; returns = advantages + values).
 
     The value after step t is the next step's, or after an episode's end the final observation's when
-    truncated and 0 when terminated; the sum of TD errors stops at every episode's end."""
+    truncated and 0 when terminated; the sum of TD errors stops at every episode's end. With a reward
+    part (``[B, T, 2]`` values and rewards) each part's advantages and returns, ``[B, T, 2]``."""
     values, T = rollout.values, rollout.values.shape[1]
     advantages = torch.zeros_like(values)
     last = torch.zeros_like(rollout.next_value)
+    parts = values.dim() == 3  # [B, T, 2]: each part of the reward with its own value (Args.reward_part)
+    truncated, terminated, done = ((x.unsqueeze(-1) if parts else x) for x in
+                                   (rollout.truncated, rollout.terminated, rollout.done))
     for t in reversed(range(T)):
         next_value = rollout.next_value if t == T - 1 else values[:, t + 1]
-        next_value = torch.where(rollout.truncated[:, t], rollout.final_values[:, t], next_value)
-        next_value = torch.where(rollout.terminated[:, t], 0.0, next_value)
+        next_value = torch.where(truncated[:, t], rollout.final_values[:, t], next_value)
+        next_value = torch.where(terminated[:, t], 0.0, next_value)
         delta = rollout.rewards[:, t] + gamma * next_value - values[:, t]
-        last = delta + gamma * gae_lambda * (~rollout.done[:, t]) * last
+        last = delta + gamma * gae_lambda * (~done[:, t]) * last
         advantages[:, t] = last
     return advantages, advantages + values
 
@@ -556,14 +588,19 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
             logratio = logprobs - acted_logprobs[index]
             ratio = logratio.exp()
             adv = advantages[index]
-            if args.norm_adv:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            if args.norm_adv:  # with a reward part, each part's alone (over the minibatch's steps)
+                steps = (0, 1) if adv.dim() == 3 else None
+                adv = (adv - adv.mean(steps, keepdim=adv.dim() == 3)) / (adv.std(steps, keepdim=adv.dim() == 3) + 1e-8)
+            if adv.dim() == 3:
+                adv = adv.sum(-1)
             policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
             old_values, target = acted_values[index], targets[index]
             value_loss = (values - target).square()
             if args.clip_vloss:
                 clipped = old_values + (values - old_values).clamp(-args.clip_coef, args.clip_coef)
                 value_loss = torch.max(value_loss, (clipped - target).square())
+            if value_loss.dim() == 3:  # one loss per head, summed: each head as one value would be
+                value_loss = value_loss.sum(-1)
             value_loss = 0.5 * value_loss.mean()
             entropy = entropy.mean()
             loss = policy_loss - args.ent_coef * entropy + args.vf_coef * value_loss
@@ -588,8 +625,9 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
         if args.target_kl is not None and float(all_reduce_mean(approx_kl, ctx)) > args.target_kl:
             break
     stats = dict(zip(sums, (torch.stack(list(sums.values())) / count).tolist(), strict=True))
+    returns, acted = (x.sum(-1) if x.dim() == 3 else x for x in (returns, rollout.values))
     variance = float(returns.var())
-    unexplained = float((returns - rollout.values).var())
+    unexplained = float((returns - acted).var())
     stats["explained_variance"] = float("nan") if variance == 0 else 1 - unexplained / variance
     return stats
 
@@ -722,7 +760,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             agent.eval()  # acting and replay must compute the same function (no dropout)
             tic = time.perf_counter()
             rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker, args.recurrence,
-                                               args.timeout)
+                                               args.timeout, args.reward_part)
             toc = time.perf_counter()
             advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
             with differentiable_on_cudnn(agent):
