@@ -306,3 +306,22 @@ def test_ballet_rl_chance_is_a_random_dancer_on_the_mixture(tmp_path, monkeypatc
     assert list(dashed[0].get_ydata()) == [pytest.approx(0.2917, abs=1e-4)] * 2
     assert "random dancer" in dashed[0].get_label()
     assert fig.axes[0].get_ylim() == (0, 1)
+
+
+def test_a_ballet_run_in_progress_is_plotted_from_its_metrics(tmp_path, monkeypatch):
+    from chronomem.experiments.ballet_rl import plot_run_in_progress
+
+    def write(where, points):
+        where.mkdir(parents=True)
+        (where / "metrics.csv").write_text("step,split,return_mean\n" + "".join(f"{s},train,{r}\n" for s, r in points))
+
+    write(tmp_path / "lstm-seed0", [(1000, 0.4), (2000, 0.5), (3000, 0.6)])
+    write(tmp_path / "control" / "lstm-seed0", [(100, 0.9), (200, 1.0)])
+    write(tmp_path / "control" / "mlp-seed0", [(100, 0.8), (200, 0.95)])
+    fig = drawn(monkeypatch, lambda: plot_run_in_progress(tmp_path, tmp_path / "c.png"))
+    assert (tmp_path / "c.png").exists()
+    level, control = [ax for ax in fig.axes if ax.axison]
+    assert level.get_title() == "training episodes: 2_delay16" and control.get_title().startswith("control")
+    lines = {line.get_label(): list(line.get_ydata()) for line in level.get_lines() if line.get_linestyle() != "--"}
+    assert lines == {"lstm": [0.4, 0.5, 0.6]}
+    assert sorted(line.get_label() for line in control.get_lines() if line.get_linestyle() != "--") == ["lstm", "mlp"]

@@ -226,6 +226,31 @@ def plot_learning_curves(results: dict, path: Path) -> None:
                 ylim=(0, 1), seeds=config["seeds"] if stored_means else None)
 
 
+def plot_run_in_progress(run_dir: Path, path: Path, level: str = "2_delay16") -> None:
+    """learning_curve.png of a run not finished yet (no results.json): each model's training return
+    against frames from its ``metrics.csv`` (``MODEL-seedS/``, the control's under ``control/``), one panel
+    for the level and one for the control, chance dashed.
+
+        python -c "from chronomem.experiments.ballet_rl import plot_run_in_progress as p; p('runs/x', 'c.png')"
+    """
+    from chronomem.train.metrics import read_metrics
+
+    run_dir = Path(run_dir)
+
+    def curves(where: Path) -> dict:
+        found: dict[str, list] = {}
+        for metrics in sorted(where.glob("*-seed*/metrics.csv")):
+            found.setdefault(metrics.parent.name.rsplit("-seed", 1)[0], []).append(curve(read_metrics(metrics)))
+        return found
+
+    panels = {f"training episodes: {level}": curves(run_dir), f"control: {level}, any dancer pays":
+              curves(run_dir / "control")}
+    plot_curves({name: lines for name, lines in panels.items() if lines}, Path(path),
+                f"ballet-rl (in progress): mean episodic return against frames ({run_dir.name})",
+                chance={name: 1 / parse_level(level)[0] for name in panels},
+                chance_label="chance: onto a random dancer (1/n)", ylim=(0, 1))
+
+
 BALLET_RL = register_experiment(
     Experiment(
         name="ballet-rl",

@@ -261,7 +261,8 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
     if ylim is not None:
         axes.flat[0].set_ylim(*ylim)  # shared by every panel
     for ax in axes.flat:
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
+        ax.xaxis.set_major_formatter(FuncFormatter(
+            lambda x, _: f"{x / 1e6:g}M" if abs(x) >= 1e6 else f"{x / 1000:g}k" if x else "0"))
     for ax in axes[-1][:len(panels) - (rows - 1) * columns]:
         ax.set_xlabel("frames")
     for ax in axes[:, 0]:
