@@ -148,9 +148,9 @@ def test_the_step_share_of_an_ended_episode_comes_from_its_final_info():
 
     info = {"apple_reward": np.array([0.0, 1.0, 0.0]),
             "final_info": {"apple_reward": np.array([0.0, 0.0, 10.0]), "_apple_reward": np.array([False, False, True])}}
-    assert step_share(info, "apple_reward", 3).tolist() == [0.0, 1.0, 10.0]
+    assert step_share(info, "apple_reward").tolist() == [0.0, 1.0, 10.0]
     with pytest.raises(ValueError, match="--reward-part 'apples_now'"):
-        step_share(info, "apples_now", 3)
+        step_share(info, "apples_now")
 
 
 def test_ppo_with_a_reward_part_learns_two_returns_whose_sum_is_the_reward():

@@ -389,7 +389,7 @@ def sample(logits: Tensor) -> tuple[Tensor, Tensor]:
     return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
 
 
-def step_share(info: dict, key: str, num_envs: int) -> np.ndarray:
+def step_share(info: dict, key: str) -> np.ndarray:
     """``info[key]`` of every env for this step: the ended episodes' from ``info["final_info"]`` (the
     top level holds the next episode's first info there). A ValueError naming ``--reward-part`` if the
     env does not report it."""
@@ -443,7 +443,7 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
         actions[:, t], buffers["logprobs"][:, t], buffers["values"][:, t] = action, logprob, value[:, 0]
         reward_t = torch.as_tensor(reward, dtype=torch.float32, device=device)
         if reward_part is not None:  # [B, 2]: the part the env names, and the rest
-            part = torch.as_tensor(step_share(info, reward_part, B), dtype=torch.float32, device=device)
+            part = torch.as_tensor(step_share(info, reward_part), dtype=torch.float32, device=device)
             reward_t = torch.stack([part, reward_t - part], -1)
         buffers["rewards"][:, t] = reward_t
         terminated[:, t] = torch.as_tensor(term, device=device)
