@@ -82,7 +82,8 @@ CPU_MODELS = {"mlp": {}, "lstm": {}, "htm": dict(chunk_size=16, top_k=4, memory_
 SCALES = {
     "smoke": VisualMatchScale(
         distractors=(5,), episodes=4, seeds=1, eval_episodes=2,
-        ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1),
+        ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1,
+                 reward_part="apple_reward"),
         models={"mlp": {}, "lstm": {}, "htm": dict(chunk_size=4, memory_size=4, top_k=2)}, control_episodes=2),
     # The settings that learned the control soonest (docs/rl.md "Visual Match": with the apples' return
     # learned apart, --reward-part, a deviation; without it the LSTM did not learn the control in 20,000
