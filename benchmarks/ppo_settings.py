@@ -89,6 +89,7 @@ CONTROLS = {
         env="chronomem/VisualMatch-passive-d30-control-v0", agent=dict(core="lstm", dim=64, hidden=64, visual="cells"),
         grid={"16x128 (starter)": STARTER,
               "16x128 raw advantages": {**STARTER, "norm_adv": False},
+              "16x128, apples learned apart": {**STARTER, "reward_part": "apple_reward"},
               "16x128 ent 1e-3": {**STARTER, "ent_coef": 1e-3},
               "32x128": {**STARTER, "num_envs": 32}},
         stop_return=None, stop_success=0.9, max_frames=1_200_000,
