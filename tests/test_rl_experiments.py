@@ -325,3 +325,19 @@ def test_a_ballet_run_in_progress_is_plotted_from_its_metrics(tmp_path, monkeypa
     lines = {line.get_label(): list(line.get_ydata()) for line in level.get_lines() if line.get_linestyle() != "--"}
     assert lines == {"lstm": [0.4, 0.5, 0.6]}
     assert sorted(line.get_label() for line in control.get_lines() if line.get_linestyle() != "--") == ["lstm", "mlp"]
+
+
+def test_visual_match_plots_the_choice_against_the_distractor_length(tmp_path, monkeypatch):
+    from chronomem.experiments.visual_match import plot_success_by_length
+
+    results = {"config": {"distractors": [30, 90, 250], "scale": "quick", "seeds": 2},
+               "per_seed": {"mlp": {"d30": [30, 36], "d90": [33, 33], "d250": [31, 35]},
+                            "htm": {"d30": [96, 98], "d90": [90, 94], "d250": [80, 90]}}}
+    fig = drawn(monkeypatch, lambda: plot_success_by_length(results, tmp_path / "s.png"))
+    assert (tmp_path / "s.png").exists()
+    ax = fig.axes[0]
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()
+             if line.get_linestyle() != "--"}
+    assert lines == {"mlp": ([30, 90, 250], [33, 33, 33]), "htm": ([30, 90, 250], [97, 92, 85])}
+    assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [pytest.approx(100 / 3)]
+    assert len(ax.collections) == 2  # a seed band per core

@@ -183,7 +183,37 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             "episodes)", {m: [r["success"] for r in rows] for m, rows in control_rows.items()},
             {m: [r["success"] >= CONTROL_LEARNED for r in rows] for m, rows in control_rows.items()})
     plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
+    plot_success_by_length(produced, out / "success_by_distractor.png")
     return produced
+
+
+def plot_success_by_length(results: dict, path: Path) -> None:
+    """success_by_distractor.png: right final choices (%) against the distractor's length, one line per
+    core (the mean over seeds, a band from the lowest to the highest seed), chance (1/3) dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = list(results["config"]["distractors"])
+    fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
+    for i, (model, cells) in enumerate(results["per_seed"].items()):
+        seeds = [cells[f"d{d}"] for d in lengths]
+        mean = [sum(v) / len(v) for v in seeds]
+        ax.plot(lengths, mean, marker="o", color=f"C{i}", label=model)
+        ax.fill_between(lengths, [min(v) for v in seeds], [max(v) for v in seeds], color=f"C{i}", alpha=0.15,
+                        linewidth=0)
+    ax.axhline(100 / NUM_COLOURS, color="black", linestyle="--", linewidth=1, label="chance: a random square (1/3)")
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(lengths, [str(d) for d in lengths])
+    ax.set(xlabel="distractor phase (steps)", ylabel="right final choices (%)", ylim=(0, 100),
+           title=f"visual-match ({results['config']['scale']}): the choice against the distractor's length")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title=f"mean over {results['config']['seeds']} seeds, band: lowest to highest",
+              title_fontsize=8)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot_learning_curves(results: dict, path: Path) -> None:
@@ -217,7 +247,8 @@ VISUAL_MATCH = register_experiment(
         "evaluation after training of `eval_episodes` episodes per cell, actions sampled. Chance is 1/3 (a "
         "random square), where the memoryless agent (`mlp`) must stay. The apple reward is reported apart "
         "(extra.apples). The control: the colour also shown in the reward room, trained first with the same "
-        "settings at the shortest distractor. Quick learns the apples' return apart from the choice's (two "
+        "settings at the shortest distractor. success_by_distractor.png: right choices against the "
+        "distractor's length per core. Quick learns the apples' return apart from the choice's (two "
         "value heads, --reward-part apple_reward: a deviation; without it PPO did not learn the control). "
         "learning_curves.png: % right choices of the training episodes against frames.",
         chance={f"d{d}": round(100 / NUM_COLOURS, 1) for d in (5, 30, 90, 250, 500)},
