@@ -35,8 +35,8 @@ def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: in
     gym.register(env_id, entry_point="chronomem.envs.tvt:TVTEnv",
                  vector_entry_point="chronomem.envs.tvt_vector:TVTVectorEnv",
                  kwargs={"mode": "passive", "distractor": distractor, "control": True, **env_changes})
-    args = Args(env=env_id, core=core, **{**BASE, **changes}, total_frames=frames, seed=seed, stop_success=0.9,
-                progress=False, log_every=1)
+    settings = {**BASE, "stop_success": 0.9, **changes}  # stop_success=None: the whole run
+    args = Args(env=env_id, core=core, **settings, total_frames=frames, seed=seed, progress=False, log_every=1)
     start = time.perf_counter()
     result = train(args)
     rows = [row for row in result.history if "success_rate" in row]
@@ -44,7 +44,9 @@ def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: in
     kls = sorted(row["approx_kl"] for row in result.history)
     return {"name": name, "core": core, "env": env_changes, "args": changes, "distractor": distractor, "seed": seed,
             "frames": result.frames, "seconds": round(time.perf_counter() - start),
-            "learned": rows[-1]["success_rate"] >= 0.9, "train_success_last": rows[-1]["success_rate"],
+            "learned": rows[-1]["success_rate"] >= 0.9,
+            "first_update_at_0.9": next((row["step"] for row in rows if row["success_rate"] >= 0.9), None),
+            "train_success_last": rows[-1]["success_rate"],
             "eval_success": measured["success_rate"], "kl_median": kls[len(kls) // 2],
             "entropy_last": rows[-1]["entropy"],
             "success_every_98k": [row["success_rate"] for row in rows if row["step"] % 98_304 < 2048]}
