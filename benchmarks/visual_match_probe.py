@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import time
 from pathlib import Path
 
@@ -31,7 +32,8 @@ def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: in
     from chronomem.rl.ppo import Args, train
 
     torch.set_num_threads(1)
-    env_id = f"probe/VisualMatch-{name}-v0"  # the control with the env changes
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")  # a probe's name may hold spaces and commas
+    env_id = f"probe/VisualMatch-{slug}-v0"  # the control with the env changes
     gym.register(env_id, entry_point="chronomem.envs.tvt:TVTEnv",
                  vector_entry_point="chronomem.envs.tvt_vector:TVTVectorEnv",
                  kwargs={"mode": "passive", "distractor": distractor, "control": True, **env_changes})

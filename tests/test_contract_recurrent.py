@@ -176,3 +176,23 @@ def test_memoryless_sees_each_step_alone():
     assert state.rows.shape == (BATCH, 0)
     with pytest.raises(TypeError, match="NoMemory"):
         core(x, state=LSTM(dim=DIM).init_state(BATCH))
+
+
+@pytest.mark.parametrize("name", CORES)
+def test_gradients_finite_when_a_padded_step_sees_no_memory(name):
+    """Left padding, and padding right after an episode end, leave a padded step with no stored state to
+    attend to. Its output is masked; its gradient must not be NaN (a softmax over no valid slot was)."""
+    core = make(name)
+    x, _, _ = inputs(9)
+    x.requires_grad_(True)
+    mask = torch.ones(BATCH, STEPS, dtype=torch.bool)
+    mask[0, :3] = False  # left padding
+    mask[1, 6:] = False  # padding after the episode end at step 5
+    done = torch.zeros(BATCH, STEPS, dtype=torch.bool)
+    done[1, 5] = True
+    y, _ = core(x, mask=mask, done=done)
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in core.parameters() if p.grad is not None)
+    alone, _ = core(x[:1, 3:].detach())  # the left-padded row equals its valid steps alone
+    torch.testing.assert_close(y[0, 3:].detach(), alone[0], atol=1e-12, rtol=0)

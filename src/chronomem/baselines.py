@@ -34,7 +34,6 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from chronomem.checks import (
-    check_done,
     check_dropout,
     check_even_dim,
     check_heads,
@@ -45,6 +44,7 @@ from chronomem.checks import (
     parameter_dtype,
 )
 from chronomem.config import build_config
+from chronomem.core import CausalCore
 from chronomem.layers import (
     FeedForward,
     RecurrentState,
@@ -310,7 +310,7 @@ MEMORY_MODES = ("segment", "sliding")
 _parameter_versions = itertools.count(1)
 
 
-class TransformerXL(nn.Module):
+class TransformerXL(CausalCore):
     """Transformer-XL (Dai et al. 2019) with segment-level recurrence; ``gated=True`` gives GTrXL.
 
     ``y, state = TransformerXL(...)(x [B, N, dim], state=None, mask=None, done=None)``. ``x`` is cut into
@@ -419,9 +419,7 @@ class TransformerXL(nn.Module):
             self._kv_version = next(_parameter_versions)
         return self._kv_version
 
-    def _check_state(self, state, batch: int, device) -> XLState:
-        if state is None:
-            return self.init_state(batch, device)
+    def check_state(self, state, batch: int) -> XLState:
         if not isinstance(state, XLState):
             raise TypeError(f"state must be an XLState (or None), got {type(state).__name__}")
         check_state_batch(state.valid.shape[0], batch)
@@ -503,19 +501,17 @@ class TransformerXL(nn.Module):
         tag = torch.where(valid.any(1), version, 0)  # a row with no valid slot has nothing cached
         return y, XLState(memory if self.sliding else memory.detach(), valid, tuple(kvs), tag)
 
-    def forward(
-        self, x: Tensor, state: XLState | None = None, mask: Tensor | None = None, done: Tensor | None = None
-    ):
-        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
+    def done_refused(self) -> str | None:
+        if self.sliding:
+            return None
+        return ("done inside a call needs memory_mode='sliding': with segment recurrence a query's span depends "
+                "on where segments are cut (call with the steps up to each done, then state.reset(done[:, t]), "
+                "instead)")
+
+    def scan(self, x: Tensor, state: XLState, given_mask: Tensor | None, done: Tensor | None):
+        """``forward`` (``CausalCore``) on checked inputs: the call segment by segment; ``done`` the
+        episode ends before the call's last step."""
         batch, n = x.shape[:2]
-        given_mask = check_mask(mask, "mask", (batch, n))
-        state = self._check_state(state, batch, x.device)
-        if done is not None:
-            done = check_done(done, (batch, n))
-            if not self.sliding:
-                raise ValueError("done inside a call needs memory_mode='sliding': with segment recurrence a "
-                                 "query's span depends on where segments are cut (call with the steps up to "
-                                 "each done, then state.reset(done[:, t]), instead)")
         first = 0 if self.config.output_steps is None else max(0, n - self.config.output_steps)
         if first and given_mask is not None and not bool(given_mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
@@ -557,7 +553,7 @@ class LSTMState(RecurrentState):
     c: Tensor
 
 
-class LSTM(nn.Module):
+class LSTM(CausalCore):
     """``torch.nn.LSTM`` (Hochreiter & Schmidhuber 1997) in the chronomem convention.
 
     ``y [B, N, hidden], state = LSTM(...)(x [B, N, dim], state=None, mask=None, done=None)``. Padded
@@ -600,9 +596,7 @@ class LSTM(nn.Module):
         zeros = torch.zeros(batch_size, self.depth, self.hidden, device=device, dtype=dtype)
         return LSTMState(zeros, zeros.clone())
 
-    def _check_state(self, state, batch: int, device) -> LSTMState:
-        if state is None:
-            return self.init_state(batch, device)
+    def check_state(self, state, batch: int) -> LSTMState:
         if not isinstance(state, LSTMState):
             raise TypeError(f"state must be an LSTMState (or None), got {type(state).__name__}")
         check_state_batch(state.h.shape[0], batch)
@@ -612,13 +606,9 @@ class LSTM(nn.Module):
                              f"{tuple(state.h.shape)} and {tuple(state.c.shape)}")
         return state
 
-    def forward(self, x: Tensor, state: LSTMState | None = None, mask: Tensor | None = None,
-                done: Tensor | None = None):
-        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
-        batch, n = x.shape[:2]
-        mask = check_mask(mask, "mask", (batch, n))
-        done = check_done(done, (batch, n))
-        state = self._check_state(state, batch, x.device)
+    def scan(self, x: Tensor, state: LSTMState, mask: Tensor | None, done: Tensor | None):
+        """``forward`` (``CausalCore``) on checked inputs; ``done`` the episode ends before the last step."""
+        n = x.shape[1]
         h0, c0 = state.h.transpose(0, 1).contiguous(), state.c.transpose(0, 1).contiguous()  # [depth, B, H]
         if mask is None and done is not None:
             y, (h, c) = self._episodes(x, h0, c0, done)
@@ -631,10 +621,7 @@ class LSTM(nn.Module):
                 y, (h, c) = self._packed(x, h0, c0, lengths)
             else:
                 y, (h, c) = self._stepped(x, h0, c0, mask, done)
-        state = LSTMState(h.transpose(0, 1), c.transpose(0, 1))
-        if done is not None and mask is None:  # an episode that ends at the call's last step
-            state = state.reset(done[:, -1])
-        return y, state
+        return y, LSTMState(h.transpose(0, 1), c.transpose(0, 1))
 
     def _packed(self, x: Tensor, h0: Tensor, c0: Tensor, lengths: Tensor):
         """Right padding: run each row for exactly its length. Empty rows keep their state."""
@@ -653,7 +640,7 @@ class LSTM(nn.Module):
         some row's episode ends, the ended rows set back to the initial state in between (by
         selection, so neither values nor gradients cross the boundary)."""
         outputs, start = [], 0
-        for t in done[:, :-1].any(0).nonzero().flatten().tolist():
+        for t in done.any(0).nonzero().flatten().tolist():  # never the last step (CausalCore.inner_ends)
             y, (h, c) = self.lstm(x[:, start : t + 1], (h, c))
             outputs.append(y)
             ended = done[None, :, t, None]
@@ -664,7 +651,7 @@ class LSTM(nn.Module):
 
     def _stepped(self, x: Tensor, h: Tensor, c: Tensor, mask: Tensor, done: Tensor | None = None):
         """Any mask: one step at a time, keeping the previous state where the step is padding and
-        restoring the initial state after a (valid) done."""
+        restoring the initial state after a done (a valid step's: CausalCore drops padded steps' dones)."""
         outputs = []
         for t in range(x.shape[1]):
             y_t, (h_t, c_t) = self.lstm(x[:, t : t + 1], (h, c))
@@ -672,7 +659,7 @@ class LSTM(nn.Module):
             h = torch.where(keep[None, :, None], h_t, h)
             c = torch.where(keep[None, :, None], c_t, c)
             if done is not None:
-                end = (done[:, t] & keep)[None, :, None]
+                end = done[None, :, t, None]
                 h, c = torch.where(end, 0.0, h), torch.where(end, 0.0, c)
             outputs.append(y_t.masked_fill(~keep[:, None, None], 0.0))
         return torch.cat(outputs, dim=1), (h, c)
@@ -691,7 +678,7 @@ class NoMemory(RecurrentState):
     rows: Tensor
 
 
-class Memoryless(nn.Module):
+class Memoryless(CausalCore):
     """A core without memory: ``y_t = LN(h_t)``, ``h_t`` the input ``x_t`` after ``depth`` pre-LN residual
     MLPs (``h <- h + FFN(LN(h))``, ``chronomem.layers.FeedForward``). Step ``t``'s output depends on
     ``x_t`` alone.
@@ -719,7 +706,6 @@ class Memoryless(nn.Module):
         if not cfg.ff_mult > 0:
             raise ValueError(f"ff_mult must be > 0, got {cfg.ff_mult!r}")
         self.dim = self.out_dim = cfg.dim
-        self.causal = True
         self.norms = nn.ModuleList(nn.LayerNorm(cfg.dim) for _ in range(cfg.depth))
         self.ffs = nn.ModuleList(FeedForward(cfg.dim, cfg.ff_mult, cfg.dropout) for _ in range(cfg.depth))
         self.norm = nn.LayerNorm(cfg.dim)
@@ -728,17 +714,14 @@ class Memoryless(nn.Module):
         check_positive(batch_size, "batch_size")
         return NoMemory(torch.zeros(batch_size, 0, device=device, dtype=parameter_dtype(self)))
 
-    def forward(self, x: Tensor, state: NoMemory | None = None, mask: Tensor | None = None,
-                done: Tensor | None = None):
-        x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
-        batch, n = x.shape[:2]
-        mask = check_mask(mask, "mask", (batch, n))
-        check_done(done, (batch, n))
-        if state is None:
-            state = self.init_state(batch, x.device)
-        elif not isinstance(state, NoMemory):
+    def check_state(self, state, batch: int) -> NoMemory:
+        if not isinstance(state, NoMemory):
             raise TypeError(f"state must be a NoMemory (or None), got {type(state).__name__}")
         check_state_batch(state.rows.shape[0], batch)
+        return state
+
+    def scan(self, x: Tensor, state: NoMemory, mask: Tensor | None, done: Tensor | None):
+        """Each step alone: ``done`` changes nothing (``forward``: ``CausalCore``)."""
         h = x
         for norm, ff in zip(self.norms, self.ffs, strict=True):
             h = h + ff(norm(h))

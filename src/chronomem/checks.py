@@ -103,6 +103,17 @@ def check_done(done: Any, shape: Sequence[int]) -> Tensor | None:
     return done
 
 
+def check_ended_rows(done: Any, batch: int) -> Tensor:
+    """Return ``done [B]`` (the rows whose episode ended) for a state of ``batch`` rows: ``state.reset``'s
+    argument, checked once for every state."""
+    if not isinstance(done, Tensor) or done.dtype != torch.bool or done.dim() != 1:
+        got = f"dtype {done.dtype} and shape {tuple(done.shape)}" if isinstance(done, Tensor) else type(done).__name__
+        raise TypeError(f"done must be a boolean tensor of shape [B] (the rows whose episode ended), got {got}")
+    if done.shape[0] != batch:
+        raise ValueError(f"done has batch size {done.shape[0]}, the state {batch}")
+    return done
+
+
 def check_positive(value: Any, name: str, minimum: int = 1) -> int:
     """Return ``value`` if it is an int >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int):

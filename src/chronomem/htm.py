@@ -94,6 +94,7 @@ from torch import Tensor, nn
 
 from chronomem.checks import (
     check_done,
+    check_ended_rows,
     check_heads,
     check_mask,
     check_positive,
@@ -102,6 +103,7 @@ from chronomem.checks import (
     parameter_dtype,
 )
 from chronomem.config import build_config
+from chronomem.core import CausalCore
 from chronomem.layers import (
     FeedForward,
     MultiHeadAttention,
@@ -226,7 +228,7 @@ class HierarchicalMemory(RecurrentState):
         x = check_tensor(x, "x", 3, self.dim, "[B, N, D]", dtype=self.keys.dtype)
         check_state_batch(B, x.shape[0], "memory")
         N = x.shape[1]
-        check_mask(done, "done", (B, N))
+        check_done(done, (B, N))
         lengths = prefix_lengths(mask, B, N, x.device)
         episodes = call_episodes(done, lengths, torch.zeros_like(lengths), cache=0)
         return self.write_chunks(x, lengths, episodes)[0]
@@ -272,9 +274,7 @@ class HierarchicalMemory(RecurrentState):
 
     def reset(self, done: Tensor) -> HierarchicalMemory:
         """Episode boundary between calls (``done [B]``); see ``end_episode``."""
-        if not isinstance(done, Tensor) or done.dtype != torch.bool or done.shape != (self.batch_size,):
-            raise TypeError(f"done must be a boolean tensor of shape [{self.batch_size}]")
-        return self.end_episode(done)
+        return self.end_episode(check_ended_rows(done, self.batch_size))
 
 
 # =============================================================================================
@@ -413,9 +413,7 @@ class HTMTransformerState(RecurrentState):
     position: Tensor
 
     def reset(self, done: Tensor) -> HTMTransformerState:
-        if not isinstance(done, Tensor) or done.dtype != torch.bool or done.dim() != 1:
-            raise TypeError("done must be a boolean tensor of shape [B]")
-        check_state_batch(self.position.shape[0], done.shape[0])
+        check_ended_rows(done, self.position.shape[0])
         keep = (~done).view(-1, 1, 1)
         return HTMTransformerState(
             memories=tuple(m.reset(done) for m in self.memories),
@@ -485,7 +483,7 @@ class HTMLayer(nn.Module):
         return x + self.ff(self.norm_ff(x))
 
 
-class HTMTransformer(nn.Module):
+class HTMTransformer(CausalCore):
     """Stack of ``HTMLayer``; ``y, state = model(x [B, N, D], state=None, mask=None, done=None)``.
 
     ``done [B, N]`` (boolean, True where a step is the last of its episode; ignored at padded steps):
@@ -544,19 +542,18 @@ class HTMTransformer(nn.Module):
         stored, new = memory.write_chunks(x, lengths, episodes, detach=not self.config.memory_gradient)
         return stored, chunks_to_read(memory, new, x.shape[1], episodes)
 
-    def forward(self, x: Tensor, state: HTMTransformerState | None = None, mask: Tensor | None = None,
-                done: Tensor | None = None):
-        cfg, L = self.config, self.cache_length
-        x = check_tensor(x, "x", 3, cfg.dim, "[B, N, dim]", dtype=parameter_dtype(self))
-        B, N, _ = x.shape
-        if state is None:
-            state = self.init_state(B, x.device, x.dtype)
+    def check_state(self, state, batch: int) -> HTMTransformerState:
         if not isinstance(state, HTMTransformerState):
             raise TypeError(f"state must be an HTMTransformerState, got {type(state).__name__}")
-        check_state_batch(state.position.shape[0], B)
-        done = check_done(done, (B, N))
+        check_state_batch(state.position.shape[0], batch)
+        return state
+
+    def scan(self, x: Tensor, state: HTMTransformerState, mask: Tensor | None, done: Tensor | None):
+        """``forward`` (``CausalCore``) on checked inputs; ``done`` the episode ends before the last step."""
+        cfg, L = self.config, self.cache_length
+        B, N, _ = x.shape
         if N == 1 and mask is None:  # an agent acting: the one-step path, the same function
-            return self._step(x, state, done)
+            return self._step(x, state)
         lengths = prefix_lengths(mask, B, N, x.device)
         # Episode ends inside the call, numbered once for the local windows, the memories and the state.
         episodes = call_episodes(done, lengths, state.position, L)
@@ -602,13 +599,13 @@ class HTMTransformer(nn.Module):
             x = x * mask[..., None].to(x.dtype)
         return x, new_state
 
-    def _step(self, x: Tensor, state: HTMTransformerState, done: Tensor | None):
+    def _step(self, x: Tensor, state: HTMTransformerState):
         """``forward`` of one step per row without padding (an agent acting), with the per-call
         bookkeeping cut to what one step needs (the visibility rule of the module docstring, specialised):
         the query reads every stored chunk (a chunk its own step completes is committed after it), the
-        local attention reads the visible cached steps (``ops.htm_local.step_layout``), the cache drops its
-        oldest step, and an episode end at the step is ``state.reset`` after it. The same outputs, state
-        and gradients as the general path (tests/test_htm.py)."""
+        local attention reads the visible cached steps (``ops.htm_local.step_layout``), and the cache drops
+        its oldest step; an episode end at the step is ``state.reset`` after it (``CausalCore.forward``).
+        The same outputs, state and gradients as the general path (tests/test_htm.py)."""
         cfg = self.config
         one = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
         local = step_layout(state.position, window=cfg.window, extra_length=cfg.extra_length, cache=self.cache_length)
@@ -621,8 +618,7 @@ class HTMTransformer(nn.Module):
             context = torch.cat([state.caches[i].to(x.dtype), x], 1)
             caches.append(context[:, 1:])
             x = layer(x, context, local, chunks)
-        new_state = HTMTransformerState(tuple(memories), tuple(caches), state.position + 1)
-        return x, new_state if done is None else new_state.reset(done[:, 0])
+        return x, HTMTransformerState(tuple(memories), tuple(caches), state.position + 1)
 
 
 @register_model("htm")

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.checks import check_even_dim, check_heads, check_positive
+from chronomem.checks import check_ended_rows, check_even_dim, check_heads, check_positive
 
 # --------------------------------------------------------------------------------------------
 # Masks and padding
@@ -493,13 +493,8 @@ class RecurrentState:
         return _map_tensors(self, lambda t: t.detach())
 
     def reset(self, done: Tensor):
-        if not isinstance(done, Tensor) or done.dtype != torch.bool or done.dim() != 1:
-            raise TypeError("done must be a boolean tensor of shape [B]")
-
         def clear(t: Tensor) -> Tensor:
-            if t.shape[0] != done.shape[0]:
-                raise ValueError(f"done has batch size {done.shape[0]}, the state {t.shape[0]}")
-            return clear_rows(t, done)
+            return clear_rows(t, check_ended_rows(done, t.shape[0]))
 
         return _map_tensors(self, clear)
 

@@ -45,8 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.checks import check_done, check_mask, check_positive, check_state_batch, check_tensor, parameter_dtype
+from chronomem.checks import check_positive, check_state_batch, check_tensor, parameter_dtype
 from chronomem.config import build_config
+from chronomem.core import CausalCore
 from chronomem.layers import RecurrentState, clear_rows
 from chronomem.registry import register_model
 
@@ -149,7 +150,7 @@ def _init_recurrent(weight: Tensor, init: str, blocks: int) -> None:
          "kaiming": nn.init.kaiming_normal_}[init](block)
 
 
-class _AttentiveRecurrence(nn.Module):
+class _AttentiveRecurrence(CausalCore):
     """Parameters and one step of the RNN / LSTM core with additive attention (Algorithm 1)."""
 
     @dataclass
@@ -172,7 +173,7 @@ class _AttentiveRecurrence(nn.Module):
         if hidden_size is not None:
             kwargs["hidden_size"] = hidden_size
         cfg = self.config = build_config(self.Config, config, kwargs)
-        self.input_size = check_positive(cfg.input_size, "input_size")
+        self.input_size = self.dim = check_positive(cfg.input_size, "input_size")
         self.hidden_size = self.out_dim = check_positive(cfg.hidden_size, "hidden_size")
         if self.screened:
             self.buffer_size = check_positive(cfg.buffer_size, "buffer_size (nu)", 1)
@@ -194,15 +195,14 @@ class _AttentiveRecurrence(nn.Module):
         nn.init.normal_(self.v_a, std=math.sqrt(2.0 / (1 + H)))  # xavier_normal_ of a [1, H] matrix
 
     # ---------------------------------------------------------------------------------------
-    def _check_input(self, x: Tensor, mask: Tensor | None, done: Tensor | None):
-        """``(x, mask, done, ends)``: ``ends`` lists the steps after which some row's episode ends (one
-        host sync per call, so the step loop pays for a reset only at those steps)."""
-        x = check_tensor(x, "x", 3, self.input_size, "[B, T, input_size]", dtype=parameter_dtype(self))
-        mask, done = check_mask(mask, "mask", x.shape[:2]), check_done(done, x.shape[:2])
-        if done is not None and mask is not None:
-            done = done & mask  # a padded step is no step of an episode: its done is ignored
-        ends = set() if done is None else set(done.any(0).nonzero().flatten().tolist())
-        return x, mask, done, ends
+    def check_input(self, x) -> Tensor:
+        return check_tensor(x, "x", 3, self.input_size, "[B, T, input_size]", dtype=parameter_dtype(self))
+
+    @staticmethod
+    def _ends(done: Tensor | None) -> set[int]:
+        """The steps after which some row's episode ends (one host sync per call, so the step loop pays
+        for a reset only at those steps)."""
+        return set() if done is None else set(done.any(0).nonzero().flatten().tolist())
 
     def _zeros_core(self, batch: int, device, dtype) -> tuple[Tensor, Tensor | None]:
         s = torch.zeros(batch, self.hidden_size, device=device, dtype=dtype)
@@ -233,7 +233,10 @@ class _AttentiveRecurrence(nn.Module):
         + U_a m_i))`` over the valid slots; returns ``(sum_i z_i m_i, z)``."""
         memory, keys = mk.split(self.hidden_size, -1)  # split (not slicing): one backward op for both
         logits = (query.unsqueeze(1) + keys).tanh_() @ self.v_a  # [B, N]
-        z = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
+        # The lowest finite value, not -inf: a padded step may see no valid slot (left padding, padding
+        # after an episode end), and a softmax of all -inf is NaN, whose gradient would reach the
+        # parameters through the masked output. Where a slot is valid the weights are the same.
+        z = torch.softmax(logits.masked_fill(~valid, torch.finfo(logits.dtype).min), dim=-1)
         return (z.unsqueeze(-1) * memory).sum(1), z  # (a multiply-sum beats bmm here on CPU)
 
 
@@ -269,9 +272,7 @@ class RelevanceRNN(_AttentiveRecurrence):
             steps=torch.zeros(batch_size, dtype=torch.long, device=device),
         )
 
-    def _check_state(self, state, batch: int, x: Tensor) -> RelevanceState:
-        if state is None:
-            return self.init_state(batch, x.device, x.dtype)
+    def check_state(self, state, batch: int) -> RelevanceState:
         if not isinstance(state, RelevanceState):
             raise TypeError(f"state must be a RelevanceState (or None), got {type(state).__name__}")
         check_state_batch(state.s.shape[0], batch)
@@ -313,11 +314,11 @@ class RelevanceRNN(_AttentiveRecurrence):
         rel_position = rel_position.index_put((rows, slot), new_position)
         return rel_mk, rel_valid, rel_score, rel_position
 
-    def forward(self, x: Tensor, state: RelevanceState | None = None, mask: Tensor | None = None,
-                done: Tensor | None = None):
-        x, mask, done, ends = self._check_input(x, mask, done)
+    def scan(self, x: Tensor, st: RelevanceState, mask: Tensor | None, done: Tensor | None):
+        """Algorithm 1 over the call (``forward``: ``CausalCore``); ``done`` the episode ends before the
+        call's last step."""
         batch, T = x.shape[:2]
-        st = self._check_state(state, batch, x)
+        ends = self._ends(done)
         nu, rho = self.buffer_size, self.relevant_size
         ux, w_rec = self._precompute(x)
         s, c, valid, score, position, steps = st.s, st.c, st.valid, st.score, st.position, st.steps
@@ -400,15 +401,17 @@ class MemRNN(_AttentiveRecurrence):
         return MemState(s, c, empty, empty.clone(), no_slots,
                         torch.zeros(batch_size, dtype=torch.long, device=device))
 
-    def forward(self, x: Tensor, state: MemState | None = None, mask: Tensor | None = None,
-                done: Tensor | None = None):
-        x, mask, done, ends = self._check_input(x, mask, done)
-        batch, T = x.shape[:2]
-        if state is None:
-            state = self.init_state(batch, x.device, x.dtype)
-        elif not isinstance(state, MemState):
+    def check_state(self, state, batch: int) -> MemState:
+        if not isinstance(state, MemState):
             raise TypeError(f"state must be a MemState (or None), got {type(state).__name__}")
         check_state_batch(state.s.shape[0], batch)
+        return state
+
+    def scan(self, x: Tensor, state: MemState, mask: Tensor | None, done: Tensor | None):
+        """Every past state attended (``forward``: ``CausalCore``); ``done`` the episode ends before the
+        call's last step."""
+        batch, T = x.shape[:2]
+        ends = self._ends(done)
         ux, w_rec = self._precompute(x)
         s, c, valid, steps = state.s, state.c, state.valid, state.steps
         mk = torch.cat([state.memory, state.keys], -1)  # [B, N, 2H]: stored states | their cached keys

@@ -88,17 +88,15 @@ import torch
 from torch import Tensor, nn
 
 from chronomem.checks import (
-    check_done,
     check_dropout,
     check_even_dim,
     check_heads,
-    check_mask,
     check_positive,
     check_state_batch,
-    check_tensor,
     parameter_dtype,
 )
 from chronomem.config import build_config
+from chronomem.core import CausalCore
 from chronomem.layers import (
     CrossAttentionBlock,
     RecurrentState,
@@ -227,7 +225,7 @@ class BottleneckUpdate(nn.Module):
         return u + b.ff(b.norm_ff(u))
 
 
-class TLB(nn.Module):
+class TLB(CausalCore):
     """Transformer + Temporal Latent Bottleneck: ``y [B, L, D], state = TLB(...)(x [B, L, D], state, mask)``.
 
     ``mask [B, L]`` (True = valid); outputs at padded positions are zero. ``state=None`` starts from
@@ -359,9 +357,7 @@ class TLB(nn.Module):
         computed from ``I_0`` at its next call)."""
         return ChunkCache.zeros(batch, self._cache_shapes(), device, dtype)
 
-    def _check_state(self, state, batch: int, device, dtype) -> TLBState:
-        if state is None:
-            return self.init_state(batch, device)
+    def check_state(self, state, batch: int) -> TLBState:
         if not isinstance(state, TLBState):
             raise TypeError(f"state must be a TLBState (or None), got {type(state).__name__}")
         check_state_batch(state.memory.shape[0], batch)
@@ -374,6 +370,7 @@ class TLB(nn.Module):
                                  "continues")
             return state
         if state.cache is None:  # a state without a chunk cache (made by hand, or by a non-causal TLB)
+            device, dtype = state.memory.device, parameter_dtype(self)
             memory_kv = self.memory_kv(self._start(state, dtype).memory)
             cache = replace(self._empty_cache(batch, device, dtype), memory_keys=memory_kv.keys,
                             memory_values=memory_kv.values)
@@ -442,25 +439,19 @@ class TLB(nn.Module):
             memory = torch.where(cut[:, None, None], memory.detach(), memory)
         return SlowState(memory, chunks)
 
-    def forward(self, x: Tensor, state: TLBState | None = None, mask: Tensor | None = None,
-                done: Tensor | None = None):
-        """``y [B, L, D], state``. ``done [B, L]`` (``causal=True`` only): True where a step is the last of
-        its episode; the row's next step starts from the initial state (an empty chunk and ``I_0``)."""
-        x = check_tensor(x, "x", 3, self.dim, "[B, L, dim]", dtype=parameter_dtype(self))
-        batch, n = x.shape[:2]
-        given_mask = check_mask(mask, "mask", (batch, n))
-        done = check_done(done, (batch, n))
-        if done is not None and not self.causal:
-            raise ValueError("done (episode ends inside a call) needs causal=True: a non-causal TLB lets a "
-                             "token see the later tokens of its chunk, which may belong to the next episode")
-        state = self._check_state(state, batch, x.device, x.dtype)
-        if self.causal and n == 1:
-            y, new_state = self._step(x, state, given_mask)
-        else:
-            y, new_state = self._chunks(x, state, given_mask, done)
-        if done is not None and bool(done[:, -1].any()):
-            new_state = new_state.reset(done[:, -1])  # the rows whose last step ended an episode
-        return y, new_state
+    def done_refused(self) -> str | None:
+        if self.causal:
+            return None
+        return ("done (episode ends inside a call) needs causal=True: a non-causal TLB lets a token see the later "
+                "tokens of its chunk, which may belong to the next episode")
+
+    def scan(self, x: Tensor, state: TLBState, mask: Tensor | None, done: Tensor | None):
+        """``y [B, L, D], state`` (``forward``: ``CausalCore``). ``done`` (``causal=True`` only): the episode
+        ends before the call's last step; a row's next step starts from the initial state (an empty chunk
+        and ``I_0``)."""
+        if self.causal and x.shape[1] == 1:
+            return self._step(x, state, mask)
+        return self._chunks(x, state, mask, done)
 
     # ---- a call of several tokens: chunk by chunk (chronomem.ops.tlb_chunks) ------------------------
 
