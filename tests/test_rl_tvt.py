@@ -81,7 +81,7 @@ def test_the_ballet_encoder_reads_a_grid_alone_of_any_shape(env_id, visual):
 
     from chronomem.encoders import BalletEncoder, encoder_for
     from chronomem.envs.make import make_vector_env
-    from chronomem.rl.ppo import as_tensor, obs_map
+    from chronomem.rl.acting import as_tensor, obs_map
 
     envs = make_vector_env(env_id, 3)
     obs, _ = envs.reset(seed=0)

@@ -16,7 +16,8 @@ import torch
 from chronomem.agents import ActorCritic
 from chronomem.envs.make import env_seeds, make_env, make_vector_env
 from chronomem.progress import Progress
-from chronomem.rl.ppo import Args, as_tensor, make_agent, obs_map
+from chronomem.rl.acting import Acting, act, drawn, most_likely, obs_map
+from chronomem.rl.ppo import Args, make_agent
 from chronomem.train.checkpoint import CheckpointError, load_weights
 from chronomem.train.distributed import default_device
 from chronomem.train.resume import find_run
@@ -43,14 +44,6 @@ def _reporter(total: int, label: str, progress: bool) -> Progress:
     return Progress(total, label, progress, unit="episode")
 
 
-def _act(agent: ActorCritic, obs, state, greedy: bool):
-    device = next(agent.parameters()).device
-    logits, _, state = agent(obs_map(lambda x: x.unsqueeze(1), as_tensor(obs, device)), state)
-    logits = logits[:, 0]
-    action = logits.argmax(-1) if greedy else torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
-    return action.cpu().numpy(), state
-
-
 @torch.inference_mode()
 def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0, num_envs: int = 16,
              greedy: bool = False, progress: bool = True, **env_options) -> dict[str, Any]:
@@ -68,25 +61,21 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
     reporter = _reporter(episodes, f"evaluating on {env_id}", progress)
     try:
         obs, _ = envs.reset(seed=env_seeds(seed, 0, n))
-        device = next(agent.parameters()).device
-        state = agent.initial_state(n, device)
+        state = agent.initial_state(n, next(agent.parameters()).device)
+        acting = Acting(agent, envs, obs, state, choose=most_likely if greedy else drawn)
         running, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
         finished: list[list[tuple[float, int, float]]] = [[] for _ in range(n)]  # return, length, success
         counted = steps = 0
         while counted < episodes:
-            action, state = _act(agent, obs, state, greedy)
-            obs, reward, term, trunc, info = envs.step(action)
-            running, lengths = running + reward, lengths + 1
-            done = term | trunc
-            final = info.get("final_info") or {}
+            step = acting.step()
+            running, lengths = running + step.reward, lengths + 1
+            done, final = step.done, step.info.get("final_info") or {}
             for i in np.flatnonzero(done):
                 if len(finished[i]) < quota[i]:
                     success = float(final["success"][i]) if final.get("_success", np.zeros(n, bool))[i] else np.nan
                     finished[i].append((float(running[i]), int(lengths[i]), success))
                     counted += 1
             running[done], lengths[done] = 0.0, 0
-            if done.any():
-                state = state.reset(torch.as_tensor(done, device=device))
             steps += n
             reporter.update(counted, {"steps": str(steps)})
     finally:
@@ -129,7 +118,7 @@ def record_gif(agent: ActorCritic, env_id: str, path: str | Path, seed: int = 0,
             state = agent.initial_state(1, next(agent.parameters()).device)
             while not done:
                 batched = obs_map(lambda x: np.asarray(x)[None], obs)
-                action, state = _act(agent, batched, state, greedy)
+                action, _, _, state, _ = act(agent, batched, state, most_likely if greedy else drawn)
                 obs, reward, terminated, truncated, _ = env.step(int(action[0]))
                 gif.append(env.render())
                 total, steps, done = total + float(reward), steps + 1, terminated or truncated

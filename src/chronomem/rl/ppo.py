@@ -74,6 +74,7 @@ from chronomem.config import setting
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
 from chronomem.layers import concat_states
+from chronomem.rl.acting import Acting, act, as_tensor, obs_map, sampled, stack_obs
 from chronomem.threads import threads_set_to
 from chronomem.train.checkpoint import save_checkpoint
 from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
@@ -268,22 +269,6 @@ def check_agent_core(core: torch.nn.Module, name: str, dim: int) -> None:
 # =============================================================================================
 
 
-def obs_map(fn, obs):
-    """``fn`` applied to an observation's tensor(s): one array, or each value of a dict."""
-    return {key: fn(value) for key, value in obs.items()} if isinstance(obs, dict) else fn(obs)
-
-
-def as_tensor(obs, device) -> Any:
-    return obs_map(lambda a: torch.as_tensor(np.asarray(a), device=device), obs)
-
-
-def stack_obs(observations: list) -> Any:
-    """One batched observation from a list of single ones (``info["final_obs"]`` holds them one by one)."""
-    if isinstance(observations[0], dict):
-        return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
-    return np.stack(observations)
-
-
 # =============================================================================================
 # 1. Rollout
 # =============================================================================================
@@ -382,13 +367,6 @@ class StallWatch:
                 "(--num-minibatches, --update-epochs)")
 
 
-def sample(logits: Tensor) -> tuple[Tensor, Tensor]:
-    """An action per row of ``logits [B, A]`` and its log-probability."""
-    logp = F.log_softmax(logits, -1)
-    action = torch.multinomial(logp.exp(), 1)
-    return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
-
-
 def step_share(info: dict, key: str) -> np.ndarray:
     """``info[key]`` of every env for this step: the ended episodes' from ``info["final_info"]`` (the
     top level holds the next episode's first info there). A ValueError naming ``--reward-part`` if the
@@ -411,10 +389,6 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
     (``Args.reward_part``) stores each step's reward as that info key's part and the rest. No per-environment
     Python on the hot path: the observations become tensors once per step, actions go to the envs as
     one array, and only the rows whose episode was truncated are read one by one."""
-    mode = envs.metadata.get("autoreset_mode")
-    if mode != _same_step():
-        raise ValueError("the vector env must autoreset on the same step (autoreset_mode=SAME_STEP, as "
-                         f"chronomem.envs.make.make_vector_env builds it), got {mode}")
     device = next(agent.parameters()).device
     B, T = envs.num_envs, num_steps
     parts = () if reward_part is None else (2,)
@@ -422,26 +396,20 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
                for name in ("logprobs", "values", "rewards", "final_values")}
     actions = torch.zeros(B, T, dtype=torch.long, device=device)
     terminated, truncated = (torch.zeros(B, T, dtype=torch.bool, device=device) for _ in range(2))
-    first = as_tensor(next_obs, device)
-    obs = obs_map(lambda x: x.new_zeros((B, T, *x.shape[1:])), first)
+    obs = obs_map(lambda x: x.new_zeros((B, T, *x.shape[1:])), as_tensor(next_obs, device))
     window_states = []  # the state each window of the replay starts from, as the agent had it
-    env_seconds = 0.0
+    acting = Acting(agent, envs, next_obs, state, choose=sampled)  # resets the ended rows' state
     for t in range(T):
         if t % (window or T) == 0:
-            window_states.append(state)
-        obs_t = first if t == 0 else as_tensor(next_obs, device)
+            window_states.append(acting.state)
+        step = acting.step()
         for key, buffer in (obs.items() if isinstance(obs, dict) else [(None, obs)]):
-            buffer[:, t] = obs_t if key is None else obs_t[key]
-        with torch.inference_mode():
-            logits, value, state = agent(obs_map(lambda x: x.unsqueeze(1), obs_t), state)
-            action, logprob = sample(logits[:, 0])
-        tic = time.perf_counter()
-        next_obs, reward, term, trunc, info = envs.step(action.cpu().numpy())
-        env_seconds += time.perf_counter() - tic
+            buffer[:, t] = step.obs if key is None else step.obs[key]
+        term, trunc, info = step.terminated, step.truncated, step.info
         if timeout == "failure":  # the time-out ends the return: nothing to bootstrap
             term, trunc = term | trunc, np.zeros_like(trunc)
-        actions[:, t], buffers["logprobs"][:, t], buffers["values"][:, t] = action, logprob, value[:, 0]
-        reward_t = torch.as_tensor(reward, dtype=torch.float32, device=device)
+        actions[:, t], buffers["logprobs"][:, t], buffers["values"][:, t] = step.action, step.logprob, step.value
+        reward_t = torch.as_tensor(step.reward, dtype=torch.float32, device=device)
         if reward_part is not None:  # [B, 2]: the part the env names, and the rest
             part = torch.as_tensor(step_share(info, reward_part), dtype=torch.float32, device=device)
             reward_t = torch.stack([part, reward_t - part], -1)
@@ -450,28 +418,19 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
         truncated[:, t] = torch.as_tensor(trunc, device=device)
         if trunc.any():  # bootstrap: the value of the final observation, with the ended episode's state
             rows = np.flatnonzero(trunc)
-            final = as_tensor(stack_obs([info["final_obs"][i] for i in rows]), device)
             index = torch.as_tensor(rows, device=device)
             with torch.inference_mode():
-                _, final_value, _ = agent(obs_map(lambda x: x.unsqueeze(1), final), state.select(index))
-            buffers["final_values"][index, t] = final_value[:, 0]
-        done = term | trunc
+                _, _, final_value, _, _ = act(agent, stack_obs([info["final_obs"][i] for i in rows]),
+                                              step.state.select(index))
+            buffers["final_values"][index, t] = final_value
         if tracker is not None:
-            tracker.step(reward, done, info)
-        if done.any():
-            with torch.inference_mode():
-                state = state.reset(torch.as_tensor(done, device=device))
+            tracker.step(step.reward, term | trunc, info)
+    next_obs, state = acting.obs, acting.state
     with torch.inference_mode():
-        _, next_value, _ = agent(obs_map(lambda x: x.unsqueeze(1), as_tensor(next_obs, device)), state)
-    rollout = Rollout(obs, actions, terminated=terminated, truncated=truncated, next_value=next_value[:, 0].clone(),
-                      state=concat_states(window_states), window=window, env_seconds=env_seconds, **buffers)
+        _, _, next_value, _, _ = act(agent, next_obs, state)
+    rollout = Rollout(obs, actions, terminated=terminated, truncated=truncated, next_value=next_value.clone(),
+                      state=concat_states(window_states), window=window, env_seconds=acting.env_seconds, **buffers)
     return rollout, next_obs, state
-
-
-def _same_step():
-    import gymnasium as gym
-
-    return gym.vector.AutoresetMode.SAME_STEP
 
 
 # =============================================================================================

@@ -1,0 +1,125 @@
+"""One acting loop: an agent steps B environments of a vector env, its state carried (docs/design.md).
+
+``Acting`` owns what acting decides about episodes: an episode ends where the env says
+``terminated | truncated``, and the agent's state of the rows that ended goes back to the initial state
+(``state.reset``) before the next step. PPO's rollouts (``rl.ppo.collect``), the evaluation
+(``rl.evaluate.evaluate``) and the GIF's single episode all act through it; each keeps only what it
+needs from the ``ActingStep`` it gets back. How an action is chosen is the caller's (``choose``): PPO
+samples and keeps the log-probability, the evaluation samples or takes the most likely action.
+
+The vector env must autoreset on the same step (Gymnasium's ``AutoresetMode.SAME_STEP``, as
+``chronomem.envs.make.make_vector_env`` builds it): the observation returned with a done is then the next
+episode's first, and the ended one's last is in ``info["final_obs"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["Acting", "ActingStep", "act", "as_tensor", "drawn", "most_likely", "obs_map", "sampled", "stack_obs"]
+
+
+def obs_map(fn, obs):
+    """``fn`` applied to an observation's tensor(s): one array, or each value of a dict."""
+    return {key: fn(value) for key, value in obs.items()} if isinstance(obs, dict) else fn(obs)
+
+
+def as_tensor(obs, device) -> Any:
+    return obs_map(lambda a: torch.as_tensor(np.asarray(a), device=device), obs)
+
+
+def stack_obs(observations: list) -> Any:
+    """One batched observation from a list of single ones (``info["final_obs"]`` holds them one by one)."""
+    if isinstance(observations[0], dict):
+        return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
+    return np.stack(observations)
+
+
+# How an action is chosen from ``logits [B, A]``: ``(action [B], log-probability [B] or None)``.
+Choose = Callable[[Tensor], tuple[Tensor, Tensor | None]]
+
+
+def sampled(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """An action drawn from the policy, and its log-probability (what PPO stores)."""
+    logp = torch.log_softmax(logits, -1)
+    action = torch.multinomial(logp.exp(), 1)
+    return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
+
+
+def drawn(logits: Tensor) -> tuple[Tensor, None]:
+    """An action drawn from the policy without its log-probability (the evaluation's: softmax
+    probabilities, the same draws as before PPO and the evaluation shared this loop)."""
+    return torch.multinomial(logits.softmax(-1), 1).squeeze(-1), None
+
+
+def most_likely(logits: Tensor) -> tuple[Tensor, None]:
+    return logits.argmax(-1), None
+
+
+def act(agent, obs, state, choose: Choose | None = None):
+    """One step of the agent on the batched observation ``obs`` (arrays or tensors, ``[B, ...]``):
+    ``(action [B], log-probability, value, state after the step, observation as tensors)``; without
+    ``choose`` (a value alone: a bootstrap) no action is drawn and action and log-probability are None."""
+    device = next(agent.parameters()).device
+    obs_t = as_tensor(obs, device)
+    logits, value, state = agent(obs_map(lambda x: x.unsqueeze(1), obs_t), state)
+    action, logprob = (None, None) if choose is None else choose(logits[:, 0])
+    return action, logprob, value[:, 0], state, obs_t
+
+
+@dataclass
+class ActingStep:
+    """What one step of ``Acting`` saw and did. ``obs``: the observation acted on (tensors); ``state``:
+    the agent's state after the step, before the ended rows were reset (a truncated episode's final
+    observation is valued from it)."""
+
+    obs: Any
+    action: Tensor
+    logprob: Tensor | None
+    value: Tensor
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    info: dict
+    state: Any
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.terminated | self.truncated
+
+
+class Acting:
+    """``agent`` stepping ``envs`` from their current observations ``obs`` and the agent's ``state``;
+    ``step()`` plays one step of every env. ``obs`` and ``state`` are where the next step starts (the
+    ended rows' state already reset); ``env_seconds`` is the time spent inside ``envs.step``."""
+
+    def __init__(self, agent, envs, obs, state, choose: Choose = sampled):
+        mode = envs.metadata.get("autoreset_mode")
+        if mode != _same_step():
+            raise ValueError("the vector env must autoreset on the same step (autoreset_mode=SAME_STEP, as "
+                             f"chronomem.envs.make.make_vector_env builds it), got {mode}")
+        self.agent, self.envs, self.obs, self.state, self.choose = agent, envs, obs, state, choose
+        self.env_seconds = 0.0
+
+    @torch.inference_mode()
+    def step(self) -> ActingStep:
+        action, logprob, value, state, obs_t = act(self.agent, self.obs, self.state, self.choose)
+        tic = time.perf_counter()
+        self.obs, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
+        self.env_seconds += time.perf_counter() - tic
+        done = terminated | truncated
+        self.state = state.reset(torch.as_tensor(done, device=value.device)) if done.any() else state
+        return ActingStep(obs_t, action, logprob, value, reward, terminated, truncated, info, state)
+
+
+def _same_step():
+    import gymnasium as gym
+
+    return gym.vector.AutoresetMode.SAME_STEP
