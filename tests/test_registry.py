@@ -44,3 +44,20 @@ def test_a_missing_module_raises(monkeypatch):
     monkeypatch.setattr(registry, "_MODULES", (*registry._MODULES, "chronomem.no_such_mechanism"))
     with pytest.raises(ModuleNotFoundError, match="no_such_mechanism"):
         get_model("lstm")
+
+
+def test_builders_keep_each_modules_own_defaults():
+    """A registry builder passes on what it is given and restates no default: every field a builder is
+    not given is the module's own default (issue 52: HTM's chunk default was 16 in one place, 32 in two)."""
+    from dataclasses import asdict
+
+    from chronomem.htm import HTMAttention, HTMConfig
+    from chronomem.tlb import TLB
+
+    given = {"dim": 64, "depth": 2, "num_heads": 4}
+    htm = asdict(get_model("htm")(64, 2, 4, True).config)
+    assert htm == {**asdict(HTMConfig()), **given}
+    tlb = asdict(get_model("tlb")(64, 2, 4, True).config)
+    assert tlb == {**asdict(TLB.Config()), **given, "causal": True}
+    read = HTMAttention(64)
+    assert (read.chunk_size, read.top_k) == (HTMConfig.chunk_size, HTMConfig.top_k)

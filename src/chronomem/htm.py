@@ -277,6 +277,33 @@ class HierarchicalMemory(RecurrentState):
         return self.end_episode(check_ended_rows(done, self.batch_size))
 
 
+@dataclass
+class HTMConfig:
+    """The options of ``HTMTransformer`` (also ``HTMTransformer.Config``), passed whole to each
+    ``HTMLayer``; serialises to JSON (``dataclasses.asdict``). Paper defaults: docs/htm.md."""
+
+    dim: int = 512
+    depth: int = 4
+    num_heads: int = 8
+    top_k: int = 8
+    chunk_size: int = 32
+    memory_size: int = 64
+    window: int = 64
+    extra_length: int = 0
+    overlap: int = 0
+    keep_across_episodes: bool = False
+    shared_memory: bool = False
+    ff_mult: float = 4.0
+    dropout: float = 0.0
+    position_encoding: bool = True
+    memory_gradient: bool = False
+    relative_positions: bool = True
+    init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
+    memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
+    output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
+    read_impl: str = "auto"  # how the selected chunks are mixed: auto, gather, grouped, dense, reference
+
+
 # =============================================================================================
 # 2. The hierarchical read (Section 2)
 # =============================================================================================
@@ -299,7 +326,8 @@ class HTMAttention(nn.Module):
     without learned parameters, applied before the slot position encoding; see the module docstring.
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, top_k: int = 8, chunk_size: int = 16, *,
+    def __init__(self, dim: int, num_heads: int = HTMConfig.num_heads, top_k: int = HTMConfig.top_k,
+                 chunk_size: int = HTMConfig.chunk_size, *,
                  position_encoding: bool = True, dropout: float = 0.0, memory_gradient: bool = False,
                  init_scale: float | None = 2.0, memory_norm: bool = False, read_impl: str = "auto"):
         super().__init__()
@@ -420,33 +448,6 @@ class HTMTransformerState(RecurrentState):
             caches=tuple(torch.where(keep, c, 0.0) for c in self.caches),  # select, never multiply
             position=torch.where(done, 0, self.position),
         )
-
-
-@dataclass
-class HTMConfig:
-    """The options of ``HTMTransformer`` (also ``HTMTransformer.Config``), passed whole to each
-    ``HTMLayer``; serialises to JSON (``dataclasses.asdict``). Paper defaults: docs/htm.md."""
-
-    dim: int = 512
-    depth: int = 4
-    num_heads: int = 8
-    top_k: int = 8
-    chunk_size: int = 32
-    memory_size: int = 64
-    window: int = 64
-    extra_length: int = 0
-    overlap: int = 0
-    keep_across_episodes: bool = False
-    shared_memory: bool = False
-    ff_mult: float = 4.0
-    dropout: float = 0.0
-    position_encoding: bool = True
-    memory_gradient: bool = False
-    relative_positions: bool = True
-    init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
-    memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
-    output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
-    read_impl: str = "auto"  # how the selected chunks are mixed: auto, gather, grouped, dense, reference
 
 
 class HTMLayer(nn.Module):
@@ -622,9 +623,8 @@ class HTMTransformer(CausalCore):
 
 
 @register_model("htm")
-def build_htm(dim: int, depth: int, num_heads: int, causal: bool = True, *, top_k: int = 8, chunk_size: int = 32,
-              memory_size: int = 64, **options) -> HTMTransformer:
-    """Registry builder. HTM is causal by construction; ``causal=False`` is accepted (a classifier
-    then reads the last step, which has seen the whole sequence)."""
-    return HTMTransformer(dim=dim, depth=depth, num_heads=num_heads, top_k=top_k, chunk_size=chunk_size,
-                          memory_size=memory_size, **options)
+def build_htm(dim: int, depth: int, num_heads: int, causal: bool = True, **options) -> HTMTransformer:
+    """Registry builder; ``options`` are ``HTMConfig`` fields (its defaults otherwise). HTM is causal by
+    construction; ``causal=False`` is accepted (a classifier then reads the last step, which has seen the
+    whole sequence)."""
+    return HTMTransformer(dim=dim, depth=depth, num_heads=num_heads, **options)

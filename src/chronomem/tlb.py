@@ -556,14 +556,11 @@ def build_tlb(
     depth: int,
     num_heads: int,
     causal: bool = False,
-    *,
-    chunk_size: int = 100,
-    num_state: int = 100,
-    self_per_cross: int = 2,
     **options,
 ) -> TLB:
     """Registry builder. ``depth`` = repetitions of ``[R x self, 1 x cross]`` (the authors' LRA model is
-    ``depth=1, self_per_cross=2``). Other options: ``preset="authors"`` (then the arguments given here
+    ``depth=1, self_per_cross=2``). ``options`` are ``TLB.Config`` fields (its defaults otherwise):
+    ``chunk_size``, ``num_state``, ``self_per_cross``, ``preset="authors"`` (then the options given here
     override the preset's sizes), ``top_down``, ``learned_init``, ``truncate_every``, ``ff_mult``, ``dropout``,
     ``slot_encoding``, ``qkv_dim``, ``attn_bias``, ``norm_eps``, ``gelu_approximate``."""
     return TLB(
@@ -571,8 +568,5 @@ def build_tlb(
         depth=depth,
         num_heads=num_heads,
         causal=causal,
-        chunk_size=chunk_size,
-        num_state=num_state,
-        self_per_cross=self_per_cross,
         **options,
     )
