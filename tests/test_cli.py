@@ -550,10 +550,12 @@ def test_list_imports_neither_minigrid_popgym_nor_the_agents():
     # `chronomem list` loads every model, task and experiment, but not the RL stack: the experiments
     # read their environments' ids and facts (envs/ballet_world.py, envs/minigrid.py, envs/popgym.py);
     # the wrappers, MiniGrid, POPGym and the agents are imported when a run starts. Gymnasium's registry
-    # is loaded: importing chronomem.envs registers every chronomem id (tests/test_envs_tvt.py).
+    # is loaded: importing chronomem.envs registers every chronomem id (tests/test_envs_tvt.py). PPO's
+    # settings (chronomem.rl.settings, no torch) are: the RL experiments check their scales against them.
     code = ("import sys\nfrom chronomem.cli import main\nmain(['list'])\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('minigrid', 'popgym') "
-            "or m.startswith(('chronomem.rl', 'chronomem.agents', 'chronomem.envs.make'))))")
+            "or m.startswith(('chronomem.rl.', 'chronomem.agents', 'chronomem.envs.make')) "
+            "and m != 'chronomem.rl.settings'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
     assert "ballet-rl" in out and "popgym" in out

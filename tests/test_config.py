@@ -103,3 +103,47 @@ def test_config_imports_nothing_heavy():
             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'chronomem.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['chronomem.config']"
+
+
+def test_check_settings_reads_the_bounds_declared_with_each_field():
+    import dataclasses
+
+    from chronomem.config import check_settings, setting
+
+    @dataclasses.dataclass
+    class Toy:
+        steps: int = setting(4, "steps", low=1)
+        keep: int = setting(0, "kept", low=0)
+        rate: float = setting(0.1, "rate", above=0.0)
+        share: float = setting(0.5, "share", low=0.0, high=1.0)
+        limit: float | None = setting(None, "limit", above=0.0)
+        mode: str = setting("a", "mode", choices=("a", "b"))
+        free: int = 7  # no setting: not checked
+
+    check_settings(Toy())
+    check_settings(Toy(limit=2.0, free=-3))
+    for change, message in [({"steps": 0}, "--steps must be a positive integer, got 0"),
+                            ({"steps": 2.0}, "--steps must be a positive integer, got 2.0"),
+                            ({"keep": -1}, "--keep must be an integer >= 0, got -1"),
+                            ({"rate": 0.0}, "--rate must be a number > 0.0, got 0.0"),
+                            ({"rate": float("nan")}, "--rate must be a number > 0.0, got nan"),
+                            ({"share": 1.5}, r"--share must be in \[0.0, 1.0\], got 1.5"),
+                            ({"limit": -1.0}, r"--limit must be a number > 0.0 \(or None\), got -1.0"),
+                            ({"mode": "c"}, "--mode must be one of a, b, got 'c'")]:
+        with pytest.raises(ValueError, match=message):
+            check_settings(Toy(**change))
+
+
+def test_rl_scales_check_their_ppo_settings_when_built():
+    """A scale's PPO settings are checked against ``Args`` when the scale is made (at import for the
+    shipped ones): a typo or a bad value fails there, naming the scale, not hours into a run."""
+    import dataclasses
+
+    from chronomem.experiments import ballet_rl, popgym, visual_match
+
+    for module in (ballet_rl, popgym, visual_match):
+        quick = module.SCALES["quick"]
+        with pytest.raises(TypeError, match=f"{type(quick).__name__}: its PPO settings: .*'lrr'"):
+            dataclasses.replace(quick, ppo={**quick.ppo, "lrr": 1e-3})
+        with pytest.raises(ValueError, match=r"its PPO settings: --gamma must be in \[0.0, 1.0\], got 2.0"):
+            dataclasses.replace(quick, ppo={**quick.ppo, "gamma": 2.0})

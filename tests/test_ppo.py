@@ -368,10 +368,14 @@ def test_resume_continues_the_run(tmp_path):
     ({"num_minibatches": 3}, "--num-minibatches 3 must divide --num-envs 4"),
     ({"num_envs": 0}, "--num-envs must be a positive integer, got 0"),
     ({"gamma": 1.5}, r"--gamma must be in \[0.0, 1.0\], got 1.5"),
-    ({"lr": -1.0}, "--lr must be a positive number"),
-    ({"clip_coef": 0.0}, "--clip-coef must be a positive number"),
-    ({"ent_coef": -0.1}, "--ent-coef must be >= 0"),
-    ({"target_kl": 0.0}, "--target-kl must be > 0"),
+    ({"lr": -1.0}, r"--lr must be a number > 0.0, got -1.0"),
+    ({"lr": float("inf")}, r"--lr must be a number > 0.0, got inf"),
+    ({"clip_coef": 0.0}, r"--clip-coef must be a number > 0.0, got 0.0"),
+    ({"ent_coef": -0.1}, r"--ent-coef must be a number >= 0.0, got -0.1"),
+    ({"target_kl": 0.0}, r"--target-kl must be a number > 0.0 \(or None\), got 0.0"),
+    ({"update_epochs": 2.5}, "--update-epochs must be a positive integer, got 2.5"),
+    ({"dim": True}, "--dim must be a positive integer, got True"),
+    ({"stall_updates": -1}, "--stall-updates must be an integer >= 0, got -1"),
     ({"num_envs": 1, "num_minibatches": 1, "num_steps": 1}, "at least 2 steps"),
 ])
 def test_bad_hyper_parameters_are_clear_errors(change, message):

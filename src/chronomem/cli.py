@@ -503,7 +503,7 @@ def _run_flags(r: argparse.ArgumentParser) -> None:
 
 
 def _rl_flags(agents: argparse.ArgumentParser) -> None:
-    from chronomem.rl.ppo import Args
+    from chronomem.rl.settings import Args
 
     rl_sub = agents.add_subparsers(dest="rl_command", required=True)
     rl_resumable = ", ".join(config_flag(f) for f in resumable_fields(Args))

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
 
 
 def setting(default: Any, help: str, *, choices: tuple[str, ...] | None = None, resumable: bool = False,
-            aliases: tuple[str, ...] = (), flag: str | None = None, zero_is_none: str | None = None) -> Any:
+            aliases: tuple[str, ...] = (), flag: str | None = None, zero_is_none: str | None = None,
+            low: float | None = None, high: float | None = None, above: float | None = None) -> Any:
     """A dataclass field that carries its command-line flag: the CLI builds the flag from the field's
     name, type and default, so every default is written once, here.
 
@@ -32,10 +34,41 @@ def setting(default: Any, help: str, *, choices: tuple[str, ...] | None = None, 
     ``resumable`` lets ``--resume`` change it (it changes no step's maths), ``aliases`` are other
     spellings of the flag, ``flag`` the flag itself when it is not the field's name with dashes, and
     ``zero_is_none`` makes ``0`` on the command line mean None (the string says what None means, as
-    an error message shows it: ``--clip 0 (no clipping)``)."""
+    an error message shows it: ``--clip 0 (no clipping)``). ``low`` and ``high`` bound the value
+    (inclusive), ``above`` from below (exclusive); ``check_settings`` checks them and ``choices``."""
     return dataclasses.field(default=default, metadata={
         "help": help, "choices": choices, "resumable": resumable, "aliases": aliases, "flag": flag,
-        "zero_is_none": zero_is_none})
+        "zero_is_none": zero_is_none, "low": low, "high": high, "above": above})
+
+
+def check_settings(config: Any) -> None:
+    """Check every field of the settings dataclass ``config`` against what its ``setting`` declares
+    (``choices``, ``low``, ``high``, ``above``; a field typed ``int`` must hold an int, a bounded float a
+    finite number; None passes where the field's type allows it). The error is a ValueError naming the
+    flag, what it must be and what it got."""
+    for field in dataclasses.fields(config):
+        meta, value = field.metadata, getattr(config, field.name)
+        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+        if "help" not in meta or (value is None and "None" in kind):
+            continue
+        name = f"--{field.name.replace('_', '-')}"
+        if meta.get("choices") and value not in meta["choices"]:
+            raise ValueError(f"{name} must be one of {', '.join(meta['choices'])}, got {value!r}")
+        low, high, above = meta.get("low"), meta.get("high"), meta.get("above")
+        if low is None and high is None and above is None:
+            continue
+        or_none = " (or None)" if "None" in kind else ""
+        if kind.startswith("int"):
+            ok = not isinstance(value, bool) and isinstance(value, int)
+            what = "a positive integer" if low == 1 and high is None else f"an integer >= {low}"
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            what = (f"in [{low}, {high}]" if low is not None and high is not None
+                    else f"a number > {above}" if above is not None else f"a number >= {low}")
+        ok = ok and (low is None or value >= low) and (high is None or value <= high) and (
+            above is None or value > above)
+        if not ok:
+            raise ValueError(f"{name} must be {what}{or_none}, got {value!r}")
 
 
 def config_flag(field: dataclasses.Field) -> str:

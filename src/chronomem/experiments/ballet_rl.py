@@ -46,6 +46,7 @@ from chronomem.experiments.rl_runs import (
 )
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
+from chronomem.rl.settings import check_ppo_settings
 
 TABLE3_LEVELS = ("2_delay16", "8_delay16", "8_delay48")
 PAPER = {  # paper 001 Table 3 (% correct, mean of 3 runs)
@@ -70,6 +71,9 @@ class BalletRLScale:
     train_level: str = MIXTURE  # trained on: the paper's mixture of the six levels, or one level
     control_level: str = "2_delay16"  # the control: this level where any dancer pays (docs/rl.md)
     control_frames: int = 0  # training frames of each model and seed on the control
+
+    def __post_init__(self):  # a typo or a bad value in the PPO settings fails at import
+        check_ppo_settings(self.ppo, type(self).__name__)
 
 
 # Our agent sized for a CPU (docs/rl.md "A Ballet agent sized for a CPU"): width 64, 2 layers, the per-cell

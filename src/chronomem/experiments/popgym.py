@@ -48,6 +48,7 @@ from chronomem.experiments.rl_runs import (
 )
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
+from chronomem.rl.settings import check_ppo_settings
 
 CORES = {
     "mlp": {},  # no memory: the bar the memories must clear (POPGym's MLP baseline)
@@ -84,6 +85,9 @@ class PopgymScale:
     ppo: dict = field(default_factory=dict)  # chronomem.rl.ppo.Args fields
     models: dict = field(default_factory=lambda: dict(CORES))
     control_frames: int = 0  # per (core, seed) on CONTROL_ID, trained first (0: no control)
+
+    def __post_init__(self):  # a typo or a bad value in the PPO settings fails at import
+        check_ppo_settings(self.ppo, type(self).__name__)
 
 
 SCALES = {

@@ -39,6 +39,7 @@ from chronomem.experiments.rl_runs import (
 )
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
+from chronomem.rl.settings import check_ppo_settings
 
 PAPER = {"htm": {"d90": 97.0}}  # paper 001 Table 3, row 6a (DMLab's task; beside our reference-length cell)
 CONTROL_LEARNED = 90.0  # % right choices on the control
@@ -57,6 +58,9 @@ class VisualMatchScale:
     mode: str = "passive"
     observation: str = "symbolic"
     control_episodes: int = 0  # per core and seed on the control at the shortest distractor (0: none)
+
+    def __post_init__(self):  # a typo or a bad value in the PPO settings fails at import
+        check_ppo_settings(self.ppo, type(self).__name__)
 
     def frames(self, distractor: int) -> int:
         """A run's frames: the same number of episodes (of choices) at every distractor length."""

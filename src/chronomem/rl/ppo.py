@@ -1,6 +1,7 @@
 """Recurrent PPO with any chronomem core as the agent's memory, top to bottom.
 
-CleanRL's ``ppo_atari_lstm.py`` is the model (one file, one ``Args`` dataclass); the memory is any
+CleanRL's ``ppo_atari_lstm.py`` is the model (one file, one ``Args`` dataclass, which lives in
+``chronomem.rl.settings`` so that the experiments and the CLI check it without importing torch); the memory is any
 causal core of the registry, driven through the core contract (docs/design.md): the agent acts one
 step at a time with its state carried, and learns by replaying whole stored sequences with the episode
 ends inside the call. PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms"; GAE:
@@ -70,149 +71,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from chronomem.agents import ActorCritic
-from chronomem.config import setting
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
 from chronomem.layers import concat_states
 from chronomem.rl.acting import Acting, act, as_tensor, obs_map, sampled, stack_obs
+from chronomem.rl.settings import Args
 from chronomem.threads import threads_set_to
 from chronomem.train.checkpoint import save_checkpoint
 from chronomem.train.distributed import Context, all_reduce_mean, cleanup, default_device, setup
 from chronomem.train.metrics import MetricsLogger
 from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer, rng_state
-
-TIMEOUTS = ("truncation", "failure")
-MINIBATCHES = ("envs", "windows")
-
-
-@dataclass
-class Args:
-    env: str = setting("MiniGrid-DoorKey-5x5-v0", "Gymnasium environment id (MiniGrid-*, chronomem/CueRecall-v0, ...)")
-    core: str = setting("lstm", "the agent's memory: a causal core of the registry (chronomem list)")
-    dim: int = setting(64, "the core's width (the encoder's output)")
-    depth: int = setting(1, "the core's layers")
-    heads: int = setting(4, "the core's attention heads (attention cores)")
-    hidden: int = setting(64, "hidden units of the policy and of the value MLP")
-    total_frames: int = setting(1_000_000, "environment steps of the run (rounded up to whole rollouts); with "
-                                "--resume the new total", resumable=True)
-    num_envs: int = setting(16, "environments stepped together (B), per rank under torchrun")
-    num_steps: int = setting(128, "steps per environment per rollout (T)")
-    recurrence: int | None = setting(None, "truncated back-propagation: replay windows of this many steps, each "
-                                     "from the state stored while acting (torch-ac's recurrence; it must divide "
-                                     "--num-steps); default: whole rollouts")
-    async_envs: bool = setting(False, "step the environments in subprocesses (AsyncVectorEnv)", resumable=True)
-    vectorization: str | None = setting(None, "how the envs are batched: 'native' (one env class steps all B with "
-                                        "array operations: Ballet, CueRecall), 'sync' or 'async' (Gymnasium's "
-                                        "wrappers of B single envs); default native where the env has it",
-                                        resumable=True)
-    lr: float = setting(1e-3, "Adam's learning rate")
-    adam_eps: float = setting(1e-5, "Adam's epsilon (CleanRL's 1e-5; torch-ac's 1e-8)")
-    anneal_lr: bool = setting(True, "anneal the learning rate linearly to 0 over the run")
-    gamma: float = setting(0.99, "discount")
-    gae_lambda: float = setting(0.95, "GAE's lambda")
-    num_minibatches: int = setting(8, "minibatches per epoch: each holds num_envs / num_minibatches whole env "
-                                   "sequences (--minibatch envs) or that share of all windows (windows)")
-    minibatch: str = setting("envs", "what a minibatch is made of: 'envs' (whole env sequences, every window of "
-                             "the rows drawn) or 'windows' (windows of --recurrence steps drawn from every env "
-                             "and time, as torch-ac)")
-    update_epochs: int = setting(4, "epochs over each rollout")
-    # Off by default, as in torch-ac and rl-starter-files (CleanRL's default is on): under sparse rewards
-    # the advantages before the first success are noise, which normalising blows up to full-size steps.
-    norm_adv: bool = setting(False, "normalise the advantages of each minibatch")
-    clip_coef: float = setting(0.2, "clip range of the policy ratio (and of the value, with clip-vloss)")
-    clip_vloss: bool = setting(True, "clip the value loss around the rollout's values")
-    ent_coef: float = setting(0.01, "weight of the entropy bonus")
-    vf_coef: float = setting(0.5, "weight of the value loss")
-    max_grad_norm: float = setting(0.5, "gradient-norm clip")
-    visual: str = setting("cnn", "Ballet's visual encoder and reconstruction decoder: 'cnn' (paper 001's CNN, "
-                          "App. A) or 'cells' (its per-cell layer alone: about a tenth of the cost, for a CPU)")
-    reconstruction: float | None = setting(None, "weight of paper 001's loss reconstructing each step's observation "
-                                           "from the core's output (App. A.1); default: the encoder's (1 for "
-                                           "Ballet, 0 otherwise)")
-    reconstruct_every: int = setting(1, "decode one step in every k of a replayed sequence (at a random phase): "
-                                     "an unbiased estimate of the reconstruction loss at 1/k of its cost")
-    timeout: str = setting("truncation", "how the learner reads an episode cut by a time limit: 'truncation' (not "
-                           "a terminal state: bootstrap from the value of its last observation; the envs' own "
-                           "semantics, e.g. pycolab's LAST with discount 1) or 'failure' (a terminal state: the "
-                           "return ends with what the env paid, as paper 001 scores a time-out 0, and as "
-                           "torch-ac learns)")
-    target_kl: float | None = setting(None, "end an update's epochs once the approximate KL exceeds this")
-    stop_return: float | None = setting(None, "end the run early once a logged mean return reaches this",
-                                        resumable=True)
-    stop_length: float | None = setting(None, "end the run early once a logged mean episode length is at most "
-                                        "this (with --stop-return: once both hold); a control that wandering "
-                                        "passes is learned when it is passed fast", resumable=True)
-    reward_part: str | None = setting(None, "an info key holding the part of each step's reward to learn apart "
-                                      "(Visual Match: 'apple_reward'): two value heads learn that part's return "
-                                      "and the rest's, and with --norm-adv each part's advantages are normalised "
-                                      "alone before they are summed (a deviation, docs/rl.md 'Visual Match')")
-    stop_success: float | None = setting(None, "end the run early once a logged success rate reaches this (an env "
-                                         "that reports each episode's success: Visual Match, Key-to-Door; with "
-                                         "the other stop flags: once all hold)", resumable=True)
-    stall_updates: int = setting(20, "say once that the policy has stalled after this many updates in a row with "
-                                 "approx_kl below --stall-kl and no move of the training return (0: never)",
-                                 resumable=True)
-    stall_kl: float = setting(1e-4, "approx_kl below which an update counts as not moving the policy", resumable=True)
-    seed: int = setting(1, "seed of the weights, the actions and the environments (rank r's envs: seed + r)")
-    torch_threads: int = setting(1, "torch threads (one is faster on 2 cores: the envs need the other)",
-                                 resumable=True, aliases=("--threads",))
-    log_every: int = setting(1, "updates between logged rows", resumable=True)
-    checkpoint_every: int = setting(0, "updates between checkpoints (0: only the final one)", resumable=True)
-    out: str | None = setting(None, "run directory (config.json, metrics.csv, checkpoints)")
-    progress: bool = setting(True, "show a progress bar or lines on stderr", resumable=True, aliases=("--quiet",))
-    device: str | None = setting(None, "cpu, cuda, cuda:1 ... (default: cuda if available)", resumable=True)
-
-    def __post_init__(self):
-        for name in ("dim", "depth", "heads", "hidden", "total_frames", "num_envs", "num_steps", "num_minibatches",
-                     "update_epochs", "torch_threads", "log_every", "reconstruct_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.recurrence is not None and (isinstance(self.recurrence, bool) or not isinstance(self.recurrence, int)
-                                            or self.recurrence < 1 or self.num_steps % self.recurrence):
-            raise ValueError(f"--recurrence must be a positive integer that divides --num-steps {self.num_steps}, "
-                             f"got {self.recurrence!r}")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
-        if self.minibatch not in MINIBATCHES:
-            raise ValueError(f"--minibatch must be one of {', '.join(MINIBATCHES)}, got {self.minibatch!r}")
-        windows = self.num_envs * (self.num_steps // self.recurrence if self.recurrence else 1)
-        if self.minibatch == "windows" and windows % self.num_minibatches:
-            raise ValueError(f"--num-minibatches {self.num_minibatches} must divide the rollout's {windows} windows "
-                             f"(--num-envs x --num-steps / --recurrence): a minibatch holds whole windows")
-        if self.minibatch == "envs" and self.num_envs % self.num_minibatches:
-            raise ValueError(f"--num-minibatches {self.num_minibatches} must divide --num-envs {self.num_envs}: "
-                             "a minibatch holds whole environment sequences")
-        if self.num_envs * self.num_steps // self.num_minibatches < 2:
-            raise ValueError("a minibatch needs at least 2 steps (num_envs * num_steps / num_minibatches) to "
-                             "normalise its advantages")
-        for name, low, high in (("gamma", 0.0, 1.0), ("gae_lambda", 0.0, 1.0)):
-            value = getattr(self, name)
-            if not (low <= value <= high):
-                raise ValueError(f"--{name.replace('_', '-')} must be in [{low}, {high}], got {value}")
-        for name in ("lr", "adam_eps", "clip_coef", "max_grad_norm"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
-        for name in ("ent_coef", "vf_coef"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.reconstruction is not None and not (self.reconstruction >= 0 and math.isfinite(self.reconstruction)):
-            raise ValueError(f"--reconstruction must be >= 0 (or None), got {self.reconstruction}")
-        if self.timeout not in TIMEOUTS:
-            raise ValueError(f"--timeout must be one of {', '.join(TIMEOUTS)}, got {self.timeout!r}")
-        if isinstance(self.stall_updates, bool) or not isinstance(self.stall_updates, int) or self.stall_updates < 0:
-            raise ValueError(f"--stall-updates must be an integer >= 0, got {self.stall_updates!r}")
-        if not (self.stall_kl > 0 and math.isfinite(self.stall_kl)):
-            raise ValueError(f"--stall-kl must be a positive number, got {self.stall_kl}")
-        if self.target_kl is not None and not self.target_kl > 0:
-            raise ValueError(f"--target-kl must be > 0 (or None), got {self.target_kl}")
-
-    @property
-    def frames_per_update(self) -> int:
-        """One rank's frames per update (K ranks under torchrun step K times as many)."""
-        return self.num_envs * self.num_steps
-
 
 # =============================================================================================
 # The agent: encoder -> core -> policy and value
