@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from chronomem.registry import get_model
+from chronomem.registry import build_backbone
 from chronomem.threads import Measured
 
 REFERENCE = "lstm"  # every ratio of the acting table is to this core's step
@@ -89,7 +89,7 @@ def select_cores(names: list[str] | None) -> list[Core]:
 
 def build(core: Core, dim: int, depth: int, heads: int, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return get_model(core.name)(dim, depth, heads, True, **core.options)
+    return build_backbone(core.name, dim=dim, depth=depth, num_heads=heads, causal=True, **core.options)
 
 
 def steady_state(model, batch: int, dim: int, fill: int, generator: torch.Generator):

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from chronomem.registry import get_model
+from chronomem.registry import build_backbone
 from chronomem.threads import Measured
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,7 +61,7 @@ ACTING_CORES = {
 
 def build_htm(**options):
     torch.manual_seed(0)
-    return get_model("htm")(WIDTH["dim"], WIDTH["depth"], WIDTH["num_heads"], True, **{**HTM_16K, **options})
+    return build_backbone("htm", **WIDTH, causal=True, **{**HTM_16K, **options})
 
 
 def train_step(model, x, stream: int | None = STREAM) -> None:
@@ -203,7 +203,7 @@ def compare(args) -> dict:
     result = {}
     if args.length:
         torch.manual_seed(0)
-        full = get_model("transformer")(WIDTH["dim"], WIDTH["depth"], WIDTH["num_heads"], False)
+        full = build_backbone("transformer", **WIDTH, causal=False)
         htm = build_htm(**args.option)
         x = torch.randn(args.batch, args.length, WIDTH["dim"], generator=torch.Generator().manual_seed(1))
         steps = {"htm": lambda: train_step(htm, x), "transformer": lambda: train_step(full, x, None)}

@@ -22,14 +22,14 @@ import torch
 
 from chronomem.bench import count_flops
 from chronomem.experiments.listops import SCALES, model_options
-from chronomem.registry import get_model
+from chronomem.registry import build_backbone
 from chronomem.threads import Measured
 
 
 def build(name: str):
     options = model_options(name, SCALES["paper"])
     dim, depth, heads = options.pop("dim"), options.pop("depth"), options.pop("num_heads")
-    return get_model(name)(dim=dim, depth=depth, num_heads=heads, causal=False, **options).eval()
+    return build_backbone(name, dim=dim, depth=depth, num_heads=heads, causal=False, **options).eval()
 
 
 def main(argv=None) -> None:

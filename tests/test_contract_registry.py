@@ -16,7 +16,7 @@ import chronomem.registry as registry
 from chronomem.checks import check_positive, check_state_batch
 from chronomem.core import CausalCore
 from chronomem.layers import RecurrentState, clear_rows, concat_states
-from chronomem.registry import get_model, names
+from chronomem.registry import build_backbone, names
 from contract import (
     assert_same_state,
     check_any_split,
@@ -90,8 +90,8 @@ class ForgetsNothing(LeakySum):
 def toy_cores(monkeypatch):
     """Register the toy cores for one test, as a module would with ``@register_model``."""
     registry._load()
-    monkeypatch.setitem(registry.MODELS, "toy-leaky-sum", lambda dim, depth, heads, causal, **o: LeakySum(dim))
-    monkeypatch.setitem(registry.MODELS, "toy-forgets", lambda dim, depth, heads, causal, **o: ForgetsNothing(dim))
+    monkeypatch.setitem(registry.MODELS, "toy-leaky-sum", lambda dim, depth, num_heads, causal, **o: LeakySum(dim))
+    monkeypatch.setitem(registry.MODELS, "toy-forgets", lambda dim, depth, num_heads, causal, **o: ForgetsNothing(dim))
 
 
 # ---- the contract on every registered causal core -----------------------------------------------------
@@ -104,7 +104,8 @@ def build(name: str, seed: int = 0) -> CausalCore | None:
 
     torch.manual_seed(seed)
     try:
-        core = get_model(name)(DIM, 2, 2, True, **{**CORE_DEFAULTS.get(name, {}), **SMALL.get(name, {})})
+        core = build_backbone(name, dim=DIM, depth=2, num_heads=2, causal=True,
+                           **{**CORE_DEFAULTS.get(name, {}), **SMALL.get(name, {})})
     except ValueError:  # a model with no causal form (BLRP)
         return None
     if not isinstance(core, CausalCore) or core.done_refused() is not None:

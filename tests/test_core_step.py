@@ -62,14 +62,11 @@ class NoDoneLSTM(LSTM):
 
 
 def test_learning_rows_report_a_core_without_done_instead_of_crashing(monkeypatch):
-    registry_get_model = core_step.get_model
+    import chronomem.registry as registry
 
-    def get_model(name):
-        if name == "no-done":
-            return lambda dim, depth, heads, causal, **options: NoDoneLSTM(dim=dim, depth=depth)
-        return registry_get_model(name)
-
-    monkeypatch.setattr(core_step, "get_model", get_model)
+    registry._load()
+    monkeypatch.setitem(registry.MODELS, "no-done",
+                        lambda dim, depth, num_heads, causal, **options: NoDoneLSTM(dim=dim, depth=depth))
     cores = [core_step.CORES[0], core_step.Core("no-done", "raises on done")]
     rows = core_step.learning_rows(cores, length=8, repeats=2, **TINY)
     lstm, no_done = rows

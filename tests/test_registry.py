@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from chronomem.registry import get_experiment, get_model, get_task, names
+from chronomem.registry import build_backbone, get_experiment, get_model, get_task, names
 
 IMPORTED = ("import sys; from chronomem.registry import {call}; {call}({name!r}); "
             "print('chronomem.experiments' in sys.modules)")
@@ -55,9 +55,9 @@ def test_builders_keep_each_modules_own_defaults():
     from chronomem.tlb import TLB
 
     given = {"dim": 64, "depth": 2, "num_heads": 4}
-    htm = asdict(get_model("htm")(64, 2, 4, True).config)
+    htm = asdict(build_backbone("htm", **given, causal=True).config)
     assert htm == {**asdict(HTMConfig()), **given}
-    tlb = asdict(get_model("tlb")(64, 2, 4, True).config)
+    tlb = asdict(build_backbone("tlb", **given, causal=True).config)
     assert tlb == {**asdict(TLB.Config()), **given, "causal": True}
     read = HTMAttention(64)
     assert (read.chunk_size, read.top_k) == (HTMConfig.chunk_size, HTMConfig.top_k)

@@ -353,12 +353,11 @@ def build_model(
     ``reconstruction`` weighs the auxiliary input reconstruction loss (module docstring; 0 = off).
     ``patch_positions``: the position scheme of the ``PatchEncoder`` of an image task (its ``positions``:
     ``"sinusoid"`` or ``"learned"``); a task without patches takes only the default."""
-    from chronomem.registry import get_model
+    from chronomem.registry import build_backbone
 
     if patch_positions not in PatchEncoder.POSITIONS:
         raise ValueError(f"patch_positions must be one of {PatchEncoder.POSITIONS}, got {patch_positions!r}")
-    builder = get_model(model)
-    backbone = builder(dim=dim, depth=depth, num_heads=num_heads, causal=task.causal, **options)
+    backbone = build_backbone(model, dim=dim, depth=depth, num_heads=num_heads, causal=task.causal, **options)
     inputs = {"vocab_size": task.vocab_size} if task.vocab_size is not None else {"input_dim": task.input_dim}
     inputs["reconstruction"] = reconstruction
     patches = getattr(task, "patches", None)

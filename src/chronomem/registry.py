@@ -4,7 +4,8 @@ Modules register themselves with the decorators below; ``_load()`` imports every
 so a name is known as soon as anything asks the registry. Asking for a model or a task imports the
 models and tasks only; the experiments are imported when an experiment (or ``names()``) is asked for.
 
-A model builder is ``builder(dim, depth, num_heads, causal, **options) -> backbone`` where a backbone
+A model builder is ``builder(dim, depth, num_heads, causal, **options) -> backbone``, called through
+``build_backbone(name, dim=, depth=, num_heads=, causal=, **options)`` (keywords: one call style) where a backbone
 follows the convention of ``chronomem.heads`` (``y, state = backbone(x [B, N, dim], state, mask)``).
 A task builder is ``builder(**options) -> chronomem.tasks.Task``. An experiment is a
 ``chronomem.experiments.Experiment``.
@@ -75,6 +76,11 @@ def _lookup(table: dict[str, Any], kind: str, name: str):
 
 def get_model(name: str):
     return _lookup(MODELS, "model", name)
+
+
+def build_backbone(name: str, *, dim: int, depth: int, num_heads: int, causal: bool, **options):
+    """The registered model ``name``, built: the one way every caller calls a model builder (keywords)."""
+    return get_model(name)(dim=dim, depth=depth, num_heads=num_heads, causal=causal, **options)
 
 
 def get_task(name: str):

@@ -1,7 +1,7 @@
 """The scaling sweep: time and peak memory of every backbone against the sequence length N.
 
 For each (model, N) a fresh process (``worker.measure``) builds the backbone from the registry at one
-shared width and depth (``get_model(name)(dim, depth, num_heads, causal, **options)``, options from
+shared width and depth (``registry.build_backbone(name, dim=, depth=, num_heads=, causal=, **options)``, options from
 ``SPECS``), feeds random ``x [B, N, dim]`` and measures
 
 * seconds per inference pass (``torch.no_grad``) and per training step (forward + backward of
@@ -117,11 +117,12 @@ def backbone_job(spec: dict, meter) -> None:
         import runpy
 
         runpy.run_path(spec["plugin"])
-    from chronomem.registry import get_model
+    from chronomem.registry import build_backbone
 
     torch.manual_seed(spec.get("seed", 0))
     try:
-        model = get_model(spec["model"])(
+        model = build_backbone(
+            spec["model"],
             dim=spec["dim"],
             depth=spec["depth"],
             num_heads=spec["heads"],

@@ -99,10 +99,10 @@ def model_options(model: str, s: BabyAIScale) -> dict[str, Any]:
 def build_policy(model: str, s: BabyAIScale):
     from chronomem.agents import InstructedPolicy
     from chronomem.envs.minigrid import VOCAB_SIZE
-    from chronomem.registry import get_model
+    from chronomem.registry import build_backbone
     from chronomem.tasks.babyai import MAX_WORDS, NUM_ACTIONS
 
-    core = get_model(model)(dim=s.dim, num_heads=s.num_heads, causal=True, **model_options(model, s))
+    core = build_backbone(model, dim=s.dim, num_heads=s.num_heads, causal=True, **model_options(model, s))
     placement = "sequence" if model == "transformer" else "chunk"
     return InstructedPolicy(core, s.dim, NUM_ACTIONS, VOCAB_SIZE, MAX_WORDS, placement)
 

@@ -97,14 +97,13 @@ def make_agent(args: Args, core_options: dict[str, Any], observation_space, acti
 
     A core the agent cannot use is a ValueError naming it: one that keeps no state between calls, or
     that refuses episode ends inside a call (``done``), which the replay needs."""
-    from chronomem.registry import get_model
+    from chronomem.registry import build_backbone
 
     if not hasattr(action_space, "n"):
         raise ValueError(f"PPO here needs a discrete action space, got {action_space}")
-    builder = get_model(args.core)
     options = {**CORE_DEFAULTS.get(args.core, {}), **core_options}
     try:
-        core = builder(args.dim, args.depth, args.heads, True, **options)
+        core = build_backbone(args.core, dim=args.dim, depth=args.depth, num_heads=args.heads, causal=True, **options)
     except (TypeError, ValueError) as err:
         raise type(err)(f"--core {args.core} (options {options}): {err}") from None
     check_agent_core(core, args.core, args.dim)
