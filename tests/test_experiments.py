@@ -13,7 +13,7 @@ from chronomem.experiments import copy_baselines as copy
 from chronomem.experiments import images as resolution
 from chronomem.experiments.base import Experiment, Scale, run_experiment
 from chronomem.registry import EXPERIMENTS, get_experiment
-from chronomem.report import comparison_table, plot_results
+from chronomem.report import comparison_table, plot_results, resolve_chance
 
 ALL_SCALES = {
     "copy-baselines": copy.SCALES, "ballet": htm.BALLET_SCALES, "pai": htm.PAI_SCALES, "listops": listops.SCALES,
@@ -289,9 +289,15 @@ def test_plot_marks_each_rows_chance_level(tmp_path, monkeypatch):
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to read it
     rows = {"ballet: htm": {"2_delay16": 90.0}, "listops: tlb": {"accuracy": 30.0},
             "copy-baselines: lstm": {"T=100": 20.0}, "not-registered: m": {"x": 5.0}}
-    plot_results({"experiment": "tour", "scale": "tour", "results": rows, "paper": {}}, tmp_path / "t.png", "%")
-    plot_results({"experiment": "copy-baselines", "scale": "tour", "results": {"lstm": {"T=100": 20.0}},
-                  "paper": {}}, tmp_path / "c.png", "%")
+    chance = {}  # what the tour records: each contributor's chance level for its rows
+    for name in ("ballet", "listops", "copy-baselines"):
+        own = {key.split(": ")[1]: row for key, row in rows.items() if key.startswith(f"{name}: ")}
+        chance.update(tour.contributed_chance(get_experiment(name), {"results": own}))
+    plot_results({"experiment": "tour", "scale": "tour", "results": rows, "paper": {}, "chance": chance},
+                 tmp_path / "t.png", "%")
+    alone = {"experiment": "copy-baselines", "scale": "tour", "results": {"lstm": {"T=100": 20.0}}, "paper": {}}
+    alone["chance"] = resolve_chance(get_experiment("copy-baselines"), alone)  # as base.finish records it
+    plot_results(alone, tmp_path / "c.png", "%")
     marks = [[line.get_xdata()[0] for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
              for fig in figures]
     assert marks == [[50.0, 10.0, 12.5], [12.5]]

@@ -30,12 +30,13 @@ def test_one_run_gives_a_row_per_model_and_setting(tmp_path):
 def test_seeds_of_one_experiment_share_a_section_with_their_mean(tmp_path):
     write_run(tmp_path / "s0", seed=0, results={"lstm": {"T=100": 30.0}})
     write_run(tmp_path / "s1", seed=1, results={"lstm": {"T=100": 50.0}})
-    write_run(tmp_path / "other", experiment="listops", results={"tlb": {"x1": 35.0}}, paper={"tlb": {"x1": 38.2}})
+    write_run(tmp_path / "other", experiment="listops", results={"tlb": {"x1": 35.0}}, paper={"tlb": {"x1": 38.2}},
+              chance=10.0)
     page = results_page([tmp_path])
     assert page.count("## copy") == 1 and page.count("## listops") == 1
     assert "| model | setting | seed 0 | seed 1 | mean | paper |" in page
     assert "| lstm | T=100 | 30.0 | 50.0 | 40.0 | 99.0 |" in page
-    assert "| tlb | x1 | 35.0 | 38.2 | 10.0 |" in page  # listops (registered): its chance level, 10%, last
+    assert "| tlb | x1 | 35.0 | 38.2 | 10.0 |" in page  # listops: its recorded chance level, 10%, last
 
 
 def test_a_later_run_of_other_models_shares_the_column_of_its_seeds(tmp_path):
@@ -126,3 +127,25 @@ def test_a_model_only_the_paper_has_gets_rows_for_the_settings_run(tmp_path):
 def test_a_run_that_averages_its_own_seeds_says_so(tmp_path, config):
     write_run(tmp_path / "r", seed=4, results={"lstm": {"T=100": 30.0}}, config=config)
     assert "| model | setting | seeds 4-6, mean | paper |" in results_page([tmp_path])
+
+
+def test_the_report_reads_results_json_alone():
+    """The report renders a run from its results.json: the chance level, its label and the claims are
+    recorded there, so rendering imports neither the registry nor any experiment (no cycle back)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from chronomem.report import claims_markdown, comparison_table
+run = {"experiment": "not-registered", "results": {"a": {"s": 80.0}, "b": {"s": 40.0}}, "paper": {},
+       "chance": 50.0, "chance_label": "coin", "scale": "quick", "config": {},
+       "claims": [{"text": "a above b", "better": "a", "worse": "b"}]}
+print(comparison_table(run["results"], run["paper"], run=run))
+print(claims_markdown([run]))
+print(sorted(m for m in sys.modules if m.startswith(("chronomem.registry", "chronomem.experiments"))))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "| coin | 50.0 |" in out
+    assert "a above b" in out and "holds" in out
+    assert out.strip().splitlines()[-1] == "[]"

@@ -23,8 +23,8 @@ these numbers: "holds" (the means in the claimed order, the intervals apart), "h
 (within the noise)" (order right, intervals overlapping), "holds in the mean (one seed)" (order
 right, no interval to compare), "does not hold" (order wrong or equal; "reversed beyond the noise"
 when the intervals are apart). A string such as "OOM" is the worst score. results.json records the
-claims and the chance level it was judged against; for one written before they were recorded, the
-registry's experiment gives them.
+claims, the chance level and its label it was judged against (the experiments record them,
+``chronomem.experiments.base.finish``), so the report reads nothing but results.json.
 """
 
 from __future__ import annotations
@@ -418,38 +418,14 @@ def judge(claim: Claim, cells) -> list[tuple[str, Score, Score, str]]:
             for s in settings]
 
 
-def _registered(name: str):
-    """The registry's experiment ``name``, or None for one it does not know (a test's own)."""
-    from chronomem.registry import get_experiment
-
-    try:
-        return get_experiment(name)
-    except ValueError:
-        return None
-
-
 def experiment_claims(experiment, rows: Table) -> tuple[Claim, ...]:
-    """The claims of ``experiment`` (an ``Experiment``, or None); for the tour's rows (``experiment: model``),
-    each contributor's claims with its models named as the rows name them."""
-    if not several_experiments(rows):
-        return tuple(getattr(experiment, "claims", ()))
-    claims = []
-    for name in dict.fromkeys(model.split(TOUR_SEPARATOR, 1)[0] for model in rows):
-        for claim in getattr(_registered(name), "claims", ()):
-            claim = dataclasses.replace(claim, text=f"{name}: {claim.text}",
-                                        better=f"{name}{TOUR_SEPARATOR}{claim.better}",
-                                        worse=f"{name}{TOUR_SEPARATOR}{claim.worse}")
-            if claim.better in rows and claim.worse in rows:  # the tour runs a few of each one's models
-                claims.append(claim)
-    return tuple(claims)
+    """The claims ``experiment`` (an ``Experiment``, or None) declares for a run's rows."""
+    return tuple(getattr(experiment, "claims", ()))
 
 
 def declared_claims(run: dict[str, Any]) -> tuple[Claim, ...]:
-    """The claims a results.json was judged against: those it records, else (written before claims were
-    recorded) its experiment's in the registry."""
-    if "claims" in run:
-        return tuple(Claim.from_json(c) for c in run["claims"] or ())
-    return experiment_claims(_registered(run["experiment"]), run["results"])
+    """The claims a results.json records (what its run was judged against)."""
+    return tuple(Claim.from_json(c) for c in run.get("claims") or ())
 
 
 def resolve_chance(experiment, results: dict[str, Any]):
@@ -460,26 +436,16 @@ def resolve_chance(experiment, results: dict[str, Any]):
 
 
 def chance_label(run: dict[str, Any]) -> str:
-    """The chance column's name: the experiment's ``chance_label`` ("random policy" where measured)."""
-    if several_experiments(run["results"]):
-        return "chance"
-    return getattr(_registered(run["experiment"]), "chance_label", "chance")
+    """The chance column's name, as the run records it ("random policy" where measured)."""
+    return run.get("chance_label") or "chance"
 
 
 def chance_of(run: dict[str, Any], model: str, setting: str) -> float | None:
-    """The chance level of a row: the run's recorded ``chance`` (else its registered experiment's); in the
-    tour, the row's own experiment's."""
+    """The chance level of a row, as the run records it: a number, ``{setting: number}``, or for the
+    tour's rows (each its own experiment's) ``{model: either}``."""
+    level = run.get("chance")
     if several_experiments(run["results"]):
-        name = model.split(TOUR_SEPARATOR, 1)[0]
-        prefix = f"{name}{TOUR_SEPARATOR}"
-        sub = {"experiment": name, "results": {m[len(prefix):]: row for m, row in run["results"].items()
-                                               if m.startswith(prefix)},
-               "extra": (run.get("extra") or {}).get("details", {}).get(name, {})}
-        level = resolve_chance(_registered(name), sub)
-    elif "chance" in run:
-        level = run["chance"]
-    else:
-        level = resolve_chance(_registered(run["experiment"]), run)
+        level = (level or {}).get(model)
     return _number(level.get(setting) if isinstance(level, dict) else level)
 
 

@@ -239,7 +239,9 @@ def code_version() -> dict[str, Any]:
 
 def finish(experiment: Experiment, scale: str, out: Path, produced: dict, seconds: float, seed: int) -> dict:
     """Write results.json, report.md and results.png for what ``run`` produced. results.json also records
-    what the report judges the run against (the chance level and the claims), so that it renders alone."""
+    what the report judges the run against (the chance level, its label and the claims), so that it
+    renders alone (the report looks nothing up). A run that combines experiments (the tour) gives its
+    own ``claims`` and ``chance``."""
     rows = produced["results"]
     results = {
         "experiment": experiment.name,
@@ -249,15 +251,16 @@ def finish(experiment: Experiment, scale: str, out: Path, produced: dict, second
         "results": rows,
         **({"per_seed": produced["per_seed"]} if "per_seed" in produced else {}),
         "paper": produced.get("paper", experiment.paper),
-        "chance": None,
-        "claims": [dataclasses.asdict(c) for c in experiment_claims(experiment, rows)],
+        "chance": produced.get("chance"),
+        "chance_label": experiment.chance_label,
+        "claims": [dataclasses.asdict(c) for c in produced.get("claims", experiment_claims(experiment, rows))],
         "config": produced.get("config", {}),
         "seconds": round(seconds, 1),
         "code": code_version(),
         **({"extra": produced["extra"]} if "extra" in produced else {}),
         **({"control": produced["control"]} if "control" in produced else {}),
     }
-    if not several_experiments(rows):  # the tour's rows each have their own experiment's (chronomem.report)
+    if not several_experiments(rows):  # the tour's rows each have their own experiment's (given above)
         results["chance"] = resolve_chance(experiment, results)
     write_json_atomic(out / "results.json", results)
     (out / "report.md").write_text(report_markdown(experiment, results))  # chronomem.report renders

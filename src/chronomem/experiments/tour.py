@@ -9,13 +9,14 @@ K at a time (``chronomem.experiments.jobs``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 from chronomem.experiments.base import Experiment, jobs_option
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.registry import EXPERIMENTS, register_experiment
-from chronomem.report import TOUR_SEPARATOR
+from chronomem.report import TOUR_SEPARATOR, Claim, resolve_chance
 
 
 def contributors() -> list[Experiment]:
@@ -31,7 +32,7 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
                          "use `chronomem run EXPERIMENT --scale tour --models ...` to choose models")
     scale = "smoke" if scale == "smoke" else "tour"
     options = {experiment.name: jobs_option(experiment, jobs) for experiment in contributors()}  # before any runs
-    results, paper, configs, seconds, metrics, details = {}, {}, {}, {}, {}, {}
+    results, paper, configs, seconds, metrics, details, chance, claims = {}, {}, {}, {}, {}, {}, {}, []
     for experiment in contributors():
         name = experiment.name
         start = time.perf_counter()
@@ -46,9 +47,28 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
         seconds[name] = round(time.perf_counter() - start, 1)
         metrics[name] = experiment.metric
         details[name] = produced.get("extra", {})
+        chance.update(contributed_chance(experiment, produced))
+        claims += contributed_claims(experiment, produced["results"])
     extra = {"seconds": seconds, "metrics": metrics, "details": details}
     return {"results": results, "paper": paper, "config": {"experiments": configs}, "extra": extra,
-            "scale": scale}
+            "scale": scale, "claims": tuple(claims), "chance": chance}
+
+
+def contributed_claims(experiment: Experiment, rows: dict) -> list[Claim]:
+    """A contributor's claims that its tour rows can judge, named as the tour names its rows."""
+    name, claims = experiment.name, []
+    for claim in experiment.claims:
+        if claim.better in rows and claim.worse in rows:  # the tour runs a few of each one's models
+            claims.append(dataclasses.replace(claim, text=f"{name}: {claim.text}",
+                                              better=f"{name}{TOUR_SEPARATOR}{claim.better}",
+                                              worse=f"{name}{TOUR_SEPARATOR}{claim.worse}"))
+    return claims
+
+
+def contributed_chance(experiment: Experiment, produced: dict) -> dict:
+    """``{tour row: the contributor's chance level}`` (a number or ``{setting: number}``) for its rows."""
+    level = resolve_chance(experiment, produced)
+    return {f"{experiment.name}{TOUR_SEPARATOR}{model}": level for model in produced["results"]}
 
 
 TOUR = register_experiment(
