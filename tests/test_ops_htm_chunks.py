@@ -118,12 +118,12 @@ def test_commit_chunks_matches_the_reference():
     chunks = NewChunks(torch.randn(B, K, D, generator=g, dtype=torch.float64),
                        torch.randn(B, K, C, D, generator=g, dtype=torch.float64),
                        torch.rand(B, K, C, generator=g) < 0.7, valid)
-    got, want = commit_chunks(mem, chunks), commit_chunks_reference(mem, chunks)
-    assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
-        assert got[name].is_contiguous(), name
-    assert commit_chunks(mem, NewChunks(*(t[:, :0] for t in chunks[:4]))) == {}  # no chunk: nothing changes
+    got, want = commit_chunks(mem.ring, chunks), commit_chunks_reference(mem.ring, chunks)
+    for name, tensor in want._asdict().items():
+        assert torch.equal(getattr(got, name), tensor), name
+        assert getattr(got, name).is_contiguous(), name
+    unchanged = commit_chunks(mem.ring, NewChunks(*(t[:, :0] for t in chunks[:4])))  # no chunk: nothing changes
+    assert all(a is b for a, b in zip(unchanged, mem.ring, strict=True))
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -141,11 +141,11 @@ def test_chunks_to_read_matches_the_reference(keep, overlap, dones):
     done = dones_for(dones, g)
     episodes = None if done is None else call_episodes(done, lengths, torch.zeros(B, dtype=torch.long), cache=0)
     new, _ = call_chunks(mem.filling, x, lengths, overlap, episodes)
-    read = chunks_to_read(mem, new, N, episodes)
+    read = chunks_to_read(mem.ring, new, N, episodes, keep)
     assert torch.equal(read.keys, torch.cat([mem.keys, new.keys], 1))
     assert torch.equal(read.contents, torch.cat([mem.contents, new.contents], 1))
     assert torch.equal(read.slot_valid, torch.cat([mem.slot_valid, new.slots], 1))
-    want = chunks_to_read_reference(mem, new, N, episodes)
+    want = chunks_to_read_reference(mem.ring, new, N, episodes, keep)
     assert torch.equal(read.mask, want)
     assert torch.equal(read.tail(5).mask, want[:, -5:])
     assert want[:, :, 3:].any() and (dones == "none" or not want[0, -1, :3].any() or keep)
@@ -158,6 +158,6 @@ def test_a_call_that_completes_no_chunk_reads_the_stored_ones():
     x = torch.randn(B, 1, D, generator=g, dtype=torch.float64)
     new, _ = call_chunks(mem.filling, x, torch.ones(B, dtype=torch.long), 0)
     assert new.valid.shape[1] == 0
-    read = chunks_to_read(mem, new, 1)
+    read = chunks_to_read(mem.ring, new, 1)
     assert read.mask is None and read.keys is mem.keys
-    assert torch.equal(chunks_to_read_reference(mem, new, 1), mem.valid[:, None, :])
+    assert torch.equal(chunks_to_read_reference(mem.ring, new, 1), mem.valid[:, None, :])

@@ -116,6 +116,7 @@ from chronomem.ops.htm_chunks import (
     Accumulator,
     NewChunks,
     ReadChunks,
+    RingBuffer,
     call_chunks,
     chunks_to_read,
     commit_chunks,
@@ -212,6 +213,11 @@ class HierarchicalMemory(RecurrentState):
         return self.keys.shape[2]
 
     @property
+    def ring(self) -> RingBuffer:
+        """The stored chunks, what ``ops.htm_chunks`` reads and writes (its ``RingBuffer``)."""
+        return RingBuffer(self.keys, self.contents, self.slot_valid, self.valid, self.chunk_id, self.committed)
+
+    @property
     def filling(self) -> Accumulator:
         """The chunk being filled: ``accumulator``, ``fill``, ``carried``."""
         return Accumulator(self.accumulator, self.fill, self.carried)
@@ -255,7 +261,7 @@ class HierarchicalMemory(RecurrentState):
         chunk number ``committed`` goes to slot ``committed % M``, evicting the oldest. Stored detached:
         gradients never flow into memory (Section 2)."""
         chunks = chunks._replace(keys=chunks.keys.detach(), contents=chunks.contents.detach())
-        return replace(self, **commit_chunks(self, chunks))
+        return replace(self, **commit_chunks(self.ring, chunks)._asdict())
 
     def end_episode(self, done: Tensor) -> HierarchicalMemory:
         """Episode boundary for the rows in ``done [B]``: commit their partial chunk, then clear them.
@@ -541,7 +547,7 @@ class HTMTransformer(CausalCore):
         """Build the chunks this call commits once; return the memory after storing them (what
         ``memory.write(x, done=done, mask=mask)`` returns) and what the call's queries read (``ReadChunks``)."""
         stored, new = memory.write_chunks(x, lengths, episodes, detach=not self.config.memory_gradient)
-        return stored, chunks_to_read(memory, new, x.shape[1], episodes)
+        return stored, chunks_to_read(memory.ring, new, x.shape[1], episodes, memory.keep_across_episodes)
 
     def check_state(self, state, batch: int) -> HTMTransformerState:
         if not isinstance(state, HTMTransformerState):

@@ -46,6 +46,19 @@ class Accumulator(NamedTuple):
                            torch.where(rows, 0, self.fill), torch.where(rows, 0, self.carried))
 
 
+class RingBuffer(NamedTuple):
+    """The stored chunks of a ``chronomem.htm.HierarchicalMemory`` (its ``ring``): ``keys [B, M, D]``,
+    ``contents [B, M, C, D]``, ``slot_valid [B, M, C]``, ``valid [B, M]``, ``chunk_id [B, M]`` (each slot's
+    chunk number) and ``committed [B]`` (chunks committed so far; the next goes to slot ``committed % M``)."""
+
+    keys: Tensor
+    contents: Tensor
+    slot_valid: Tensor
+    valid: Tensor
+    chunk_id: Tensor
+    committed: Tensor
+
+
 class NewChunks(NamedTuple):
     """Chunks committed by a call, ``K`` per row in commit order: ``keys [B, K, D]`` (the mean of the
     stored steps), ``contents [B, K, C, D]``, ``slots [B, K, C]`` (which slots hold a step), ``valid
@@ -262,13 +275,12 @@ def call_chunks_reference(acc: Accumulator, x: Tensor, lengths: Tensor, overlap:
 # =============================================================================================
 
 
-def commit_chunks(memory, chunks: NewChunks) -> dict[str, Tensor]:
-    """The fields of ``memory`` (a ``chronomem.htm.HierarchicalMemory``) that change when the valid
-    ``chunks`` (``keys``, ``contents``, ``slots``, ``valid``; in commit order) are put into its ring
-    buffer: ``keys``, ``contents``, ``slot_valid``, ``valid``, ``chunk_id`` and ``committed``."""
+def commit_chunks(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
+    """The ring buffer ``memory`` after the valid ``chunks`` (``keys``, ``contents``, ``slots``, ``valid``;
+    in commit order) are put into it."""
     M = memory.valid.shape[1]
     if chunks.valid.shape[1] == 0:
-        return {}
+        return memory
     valid = chunks.valid
     count = valid.sum(1)  # [B]
     i = valid.long().cumsum(1) - 1  # commit rank of each valid chunk
@@ -286,16 +298,15 @@ def commit_chunks(memory, chunks: NewChunks) -> dict[str, Tensor]:
         out[rows, slot] = new[rows, j].to(old.dtype)
         return out
 
-    return {"keys": put(memory.keys, chunks.keys), "contents": put(memory.contents, chunks.contents),
-            "slot_valid": put(memory.slot_valid, chunks.slots), "valid": put(memory.valid, keep),
-            "chunk_id": put(memory.chunk_id, ids), "committed": memory.committed + count}
+    return RingBuffer(put(memory.keys, chunks.keys), put(memory.contents, chunks.contents),
+                      put(memory.slot_valid, chunks.slots), put(memory.valid, keep), put(memory.chunk_id, ids),
+                      memory.committed + count)
 
 
-def commit_chunks_reference(memory, chunks: NewChunks) -> dict[str, Tensor]:
+def commit_chunks_reference(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
     """The naive reference of ``commit_chunks``: the valid chunks put one by one, chunk number
     ``committed`` into slot ``committed % M``."""
-    fields = {name: getattr(memory, name).clone() for name in ("keys", "contents", "slot_valid", "valid",
-                                                               "chunk_id", "committed")}
+    fields = {name: t.clone() for name, t in memory._asdict().items()}
     B, M = memory.valid.shape
     for b in range(B):
         for j in range(chunks.valid.shape[1]):
@@ -309,7 +320,7 @@ def commit_chunks_reference(memory, chunks: NewChunks) -> dict[str, Tensor]:
             fields["valid"][b, slot] = True
             fields["chunk_id"][b, slot] = n
             fields["committed"][b] = n + 1
-    return fields
+    return RingBuffer(**fields)
 
 
 # =============================================================================================
@@ -317,13 +328,13 @@ def commit_chunks_reference(memory, chunks: NewChunks) -> dict[str, Tensor]:
 # =============================================================================================
 
 
-def chunks_to_read(memory, new: NewChunks, n: int, episodes: Episodes | None = None) -> ReadChunks:
-    """The stored chunks of ``memory`` (a ``chronomem.htm.HierarchicalMemory`` before the call) and the
-    ``new`` chunks its call of ``n`` steps commits (``call_chunks``), with the per-query visibility mask:
-    a chunk committed before the query (its last step earlier), among the newest ``M`` (the ring buffer
-    at the query's time), and, unless ``keep_across_episodes``, of the query's episode (stored chunks
-    belong to episode 0)."""
-    M, device, dtype = memory.capacity, memory.keys.device, memory.keys.dtype
+def chunks_to_read(memory: RingBuffer, new: NewChunks, n: int, episodes: Episodes | None = None,
+                   keep_across_episodes: bool = False) -> ReadChunks:
+    """The stored chunks (``memory``, the ring buffer before the call) and the ``new`` chunks its call of
+    ``n`` steps commits (``call_chunks``), with the per-query visibility mask: a chunk committed before the
+    query (its last step earlier), among the newest ``M`` (the ring buffer at the query's time), and,
+    unless ``keep_across_episodes``, of the query's episode (stored chunks belong to episode 0)."""
+    M, device, dtype = memory.valid.shape[1], memory.keys.device, memory.keys.dtype
     if episodes is None and new.valid.shape[1] == 0:
         # Nothing committed in the call (an agent's step, mostly): the stored chunks are the ring
         # buffer at every query's time, so validity alone is the mask.
@@ -337,7 +348,7 @@ def chunks_to_read(memory, new: NewChunks, n: int, episodes: Episodes | None = N
     counted = new.valid.long()
     new_ids = memory.committed[:, None] + counted.cumsum(1) - counted  # commit order of the valid ones
     new_seen = new_seen & (new_ids[:, None, :] >= oldest)
-    if episodes is not None and not memory.keep_across_episodes:  # the memory was cleared at each end
+    if episodes is not None and not keep_across_episodes:  # the memory was cleared at each end
         episode = episodes.in_call
         old_seen = old_seen & (episode == 0)[..., None]
         new_seen = new_seen & (new.episode[:, None, :] == episode[..., None])
@@ -350,13 +361,14 @@ def chunks_to_read(memory, new: NewChunks, n: int, episodes: Episodes | None = N
     )
 
 
-def chunks_to_read_reference(memory, new: NewChunks, n: int, episodes: Episodes | None = None) -> Tensor:
+def chunks_to_read_reference(memory: RingBuffer, new: NewChunks, n: int, episodes: Episodes | None = None,
+                             keep_across_episodes: bool = False) -> Tensor:
     """The naive reference of ``chunks_to_read``'s mask ``[B, n, M + K]``: for each query, replay the
     ring buffer: the stored chunks oldest first, then the call's chunks committed before the query,
     keeping the newest ``M``, emptied at each episode end unless ``keep_across_episodes``."""
     B, M = memory.valid.shape
     K = new.valid.shape[1]
-    keep = memory.keep_across_episodes
+    keep = keep_across_episodes
     mask = torch.zeros(B, n, M + K, dtype=torch.bool)
     for b in range(B):
         stored = [m for _, m in sorted((int(memory.chunk_id[b, m]), m) for m in range(M) if memory.valid[b, m])]
