@@ -74,6 +74,7 @@ def _ballet_grid() -> dict:
         "16x128 failure, no recon, windows of 16": {**base, "recurrence": 16, "minibatch": "windows"},
         "32x128 failure, no recon": {**base, "num_envs": 32},
         "64x128 failure, no recon": {**base, "num_envs": 64},
+        "16x128 failure, no recon, 8 epochs": {**base, "update_epochs": 8},
     }
 
 
