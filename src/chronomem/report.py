@@ -418,11 +418,6 @@ def judge(claim: Claim, cells) -> list[tuple[str, Score, Score, str]]:
             for s in settings]
 
 
-def experiment_claims(experiment, rows: Table) -> tuple[Claim, ...]:
-    """The claims ``experiment`` (an ``Experiment``, or None) declares for a run's rows."""
-    return tuple(getattr(experiment, "claims", ()))
-
-
 def declared_claims(run: dict[str, Any]) -> tuple[Claim, ...]:
     """The claims a results.json records (what its run was judged against)."""
     return tuple(Claim.from_json(c) for c in run.get("claims") or ())

@@ -54,7 +54,6 @@ from typing import Any
 from chronomem.experiments.jobs import Jobs
 from chronomem.report import (
     Claim,
-    experiment_claims,
     json_default,
     plot_results,
     report_markdown,
@@ -253,7 +252,7 @@ def finish(experiment: Experiment, scale: str, out: Path, produced: dict, second
         "paper": produced.get("paper", experiment.paper),
         "chance": produced.get("chance"),
         "chance_label": experiment.chance_label,
-        "claims": [dataclasses.asdict(c) for c in produced.get("claims", experiment_claims(experiment, rows))],
+        "claims": [dataclasses.asdict(c) for c in produced.get("claims", experiment.claims)],
         "config": produced.get("config", {}),
         "seconds": round(seconds, 1),
         "code": code_version(),
