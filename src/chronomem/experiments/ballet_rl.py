@@ -94,12 +94,13 @@ SCALES = {
     # 2_delay16 alone for the one public budget (~15M frames, an LSTM on an easier variant); the
     # settings that learned the control soonest for every core, without the reconstruction loss, which
     # stopped it, and with eight epochs per rollout, without which HTM did not learn it in 400k frames
-    # (docs/rl.md "Settings by time to learn"); checkpoints every ~0.5M frames for --resume.
+    # (docs/rl.md "Settings by time to learn"); the control gets twice the 375k frames HTM needed on
+    # seed 1; checkpoints every ~0.5M frames for --resume.
     "quick": BalletRLScale(
         observation="symbolic", frames=15_001_600, seeds=1, eval_episodes=200,
         ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=8, lr=1e-3,
                  ent_coef=0.01, norm_adv=True, timeout="failure", reconstruction=0.0, checkpoint_every=250),
-        models=CPU_MODELS, levels=("2_delay16",), train_level="2_delay16", control_frames=409_600),
+        models=CPU_MODELS, levels=("2_delay16",), train_level="2_delay16", control_frames=819_200),
     # The paper's training length is not in its text (only Fig. 3's axis): 1e9 frames is our choice.
     "paper": BalletRLScale(
         observation="pixels", frames=1_000_000_000, seeds=3, eval_episodes=1000,
