@@ -2,8 +2,10 @@
 
 import subprocess
 import sys
+import textwrap
 
 import pytest
+import torch
 
 from chronomem.registry import build_backbone, get_experiment, get_model, get_task, names
 
@@ -36,12 +38,49 @@ def test_unknown_name_lists_the_valid_ones(lookup):
         lookup("no-such-name")
 
 
-def test_a_missing_module_raises(monkeypatch):
-    """A registered module that cannot be imported (renamed, deleted) fails loudly: it must not drop out of
-    every test that loops over the registry."""
+@pytest.fixture
+def package_dir(tmp_path, monkeypatch):
+    """A folder read as part of the chronomem package, where a test writes a module file; the registry
+    forgets what it found and loaded before and after the test."""
+    import chronomem
     import chronomem.registry as registry
 
-    monkeypatch.setattr(registry, "_MODULES", (*registry._MODULES, "chronomem.no_such_mechanism"))
+    monkeypatch.setattr(chronomem, "__path__", [*chronomem.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "MODELS", dict(registry.MODELS))
+    monkeypatch.setattr(registry, "_loaded", set(registry._loaded))
+    registry.model_modules.cache_clear()
+    yield tmp_path
+    registry.model_modules.cache_clear()
+    for name in [name for name in sys.modules if name.startswith("chronomem.toy_")]:
+        del sys.modules[name]
+
+
+def test_a_new_model_is_one_module_file_with_its_registration(package_dir):
+    """Nothing to edit but the new file: the registry finds the module by its ``@register_model`` and
+    leaves a module that registers nothing unimported."""
+    import chronomem.registry as registry
+
+    (package_dir / "toy_mechanism.py").write_text(textwrap.dedent("""
+        from torch import nn
+
+        from chronomem.registry import register_model
+
+
+        @register_model("toy-identity")
+        def build(dim, depth, num_heads, causal, **options):
+            return nn.Identity()
+    """))
+    (package_dir / "toy_helpers.py").write_text("raise RuntimeError('a module registering nothing is not imported')\n")
+    assert "chronomem.toy_mechanism" in registry.model_modules()
+    assert "chronomem.toy_helpers" not in registry.model_modules()
+    assert isinstance(build_backbone("toy-identity", dim=4, depth=1, num_heads=1, causal=True), torch.nn.Identity)
+
+
+def test_a_broken_model_module_raises(package_dir):
+    """A module that registers a model but cannot be imported fails loudly: it must not drop out of every
+    test that loops over the registry."""
+    (package_dir / "toy_broken.py").write_text("import chronomem.no_such_mechanism\n\n\n"
+                                                "@register_model('toy-broken')\ndef build(**options): ...\n")
     with pytest.raises(ModuleNotFoundError, match="no_such_mechanism"):
         get_model("lstm")
 

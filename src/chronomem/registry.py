@@ -1,7 +1,8 @@
 """Names -> constructors for models, tasks and experiments (``chronomem list`` prints them).
 
-Modules register themselves with the decorators below; ``_load()`` imports every module that does,
-so a name is known as soon as anything asks the registry. Asking for a model or a task imports the
+Modules register themselves with the decorators below; ``_load()`` finds and imports every module that
+does, so a name is known as soon as anything asks the registry, and a new model, task or experiment is one
+module file with its decorator. Asking for a model or a task imports the
 models and tasks only; the experiments are imported when an experiment (or ``names()``) is asked for.
 
 A model builder is ``builder(dim, depth, num_heads, causal, **options) -> backbone``, called through
@@ -13,34 +14,52 @@ A task builder is ``builder(**options) -> chronomem.tasks.Task``. An experiment 
 
 from __future__ import annotations
 
+import functools
 import importlib
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 MODELS: dict[str, Callable[..., Any]] = {}
 TASKS: dict[str, Callable[..., Any]] = {}
 EXPERIMENTS: dict[str, Any] = {}
 
-# Every module that registers a model or a task. Experiments are loaded apart, only when one is asked
-# for: they import the trainer and (agents) their environments, which a model or a task never needs.
-_MODULES = (
-    "chronomem.baselines",
-    "chronomem.relevance",
-    "chronomem.htm",
-    "chronomem.tlb",
-    "chronomem.blrp",
-    "chronomem.tasks",
-)
+# Where registrations live: every top-level module of chronomem whose source registers a model (a new
+# core is one module file with its ``@register_model``, or a top-level ``register_model(name)(builder)``),
+# the tasks package, whose ``__init__`` imports each of its modules, and apart from them the experiments
+# package, loaded only when an experiment is asked for: it imports the trainer and (agents) their
+# environments, which a model or a task never needs.
+_TASKS = "chronomem.tasks"
 _EXPERIMENTS = "chronomem.experiments"
+_REGISTERS_MODEL = re.compile(r"^@?register_model\(", re.MULTILINE)  # a decorator or a call at top level
 _loaded: set[str] = set()
+
+
+@functools.cache
+def model_modules() -> tuple[str, ...]:
+    """The top-level modules of chronomem that register a model, found by reading their source (not by
+    importing them: most modules register nothing and some are slow to import), once per process."""
+    import pkgutil
+
+    import chronomem
+
+    found = []
+    for module in pkgutil.iter_modules(chronomem.__path__):
+        if module.ispkg or module.name == "registry":
+            continue
+        path = Path(module.module_finder.path) / f"{module.name}.py"
+        if path.exists() and _REGISTERS_MODEL.search(path.read_text()):
+            found.append(f"chronomem.{module.name}")
+    return tuple(sorted(found))
 
 
 def _load(experiments: bool = False) -> None:
     """Import the modules that register models and tasks (and, with ``experiments``, the experiments)."""
-    for name in (*_MODULES, *((_EXPERIMENTS,) if experiments else ())):
+    for name in (*model_modules(), _TASKS, *((_EXPERIMENTS,) if experiments else ())):
         if name in _loaded:
             continue
-        importlib.import_module(name)  # a missing or renamed module raises: it must not drop out silently
+        importlib.import_module(name)
         _loaded.add(name)
 
 
