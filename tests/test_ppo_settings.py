@@ -76,3 +76,22 @@ def test_the_ablation_table_gives_each_variant_against_torch_ac():
     lines = ppo_peer.ablation_table(records, max_frames=1000).splitlines()
     assert lines[2] == "| torch-ac | 0k, 0k | 200 | 1.00x | 2/2 |"
     assert lines[3] == "| ours | 0k, > 1k | not reached | - | 1/2 |"
+
+
+def test_the_peer_table_gives_the_median_seconds_to_the_target_and_its_ratio():
+    """The headline is the wall-clock time to 0.9: a run's seconds count only where it reached 0.9 (it
+    stops there); a run that never did is never, not its seconds."""
+    def record(name, seed, seconds, reached):
+        return {"name": name, "seed": seed, "seconds": seconds, "reached": reached, "fps": 1000.0}
+
+    records = [record("torch-ac", 1, 30.0, 60_000), record("torch-ac", 2, 50.0, 80_000),
+               record("torch-ac", 3, 40.0, 70_000),
+               record("chronomem", 1, 20.0, 90_000), record("chronomem", 2, 10.0, None),
+               record("chronomem", 3, 24.0, 100_000)]
+    text = ppo_peer.table(records, max_frames=400_000)
+    medians = {line.split()[0]: line.split() for line in text.splitlines()
+               if line.startswith(("torch-ac ", "chronomem "))}
+    assert medians["torch-ac"][3] == "40.0" and medians["chronomem"][3] == "24.0"  # 10 s never reached: inf
+    assert "seconds to 0.9 0.60x (target <= 0.6), frames to 0.9 1.43x (target <= 1.0), frames/s 1.00x" in text
+    never = [record("torch-ac", 1, 30.0, 60_000), record("chronomem", 1, 5.0, None)]
+    assert "seconds to 0.9 - " in ppo_peer.table(never, max_frames=400_000)
