@@ -631,3 +631,49 @@ def test_transformer_step_with_its_cache_equals_one_call(positions):
     torch.testing.assert_close(torch.cat(pieces, 1), whole, atol=1e-12, rtol=0)
     with pytest.raises(ValueError, match="causal=True"):
         Transformer(dim=16, depth=1, num_heads=2, causal=False).step(x.float())
+
+
+def test_transformer_step_writes_in_place_and_a_branch_keeps_every_cache():
+    """Acting without copies: a step writes after the filled part of the cache's buffers (the same
+    storage while it has room); a step from an older cache copies it first, so both continuations and
+    the older cache itself still give the outputs of one call."""
+    torch.manual_seed(0)
+    model = Transformer(dim=16, depth=2, num_heads=2, causal=True).double().eval()
+    x = torch.randn(3, 40, 16, dtype=torch.double)
+    other = torch.cat([x[:, :20], torch.randn(3, 20, 16, dtype=torch.double)], 1)
+    with torch.no_grad():
+        cache, outputs = None, []
+        for t in range(20):
+            y, cache = model.step(x[:, t : t + 1], cache)
+            outputs.append(y)
+        at_20, storage = cache, cache.keys[0].data_ptr()
+        for t in range(20, 30):
+            y, cache = model.step(x[:, t : t + 1], cache)
+            outputs.append(y)
+        assert cache.keys[0].data_ptr() == storage and cache.length == 30  # room for 32: written in place
+        branch, branched = at_20, []
+        for t in range(20, 40):  # from the older cache: a copy, the newer chain untouched
+            y, branch = model.step(other[:, t : t + 1], branch)
+            branched.append(y)
+        for t in range(30, 40):  # the first chain goes on, past its buffers' capacity
+            y, cache = model.step(x[:, t : t + 1], cache)
+            outputs.append(y)
+        assert cache.keys[0].data_ptr() != storage  # grown
+        torch.testing.assert_close(torch.cat(outputs, 1), model(x)[0], atol=1e-12, rtol=0)
+        torch.testing.assert_close(torch.cat(branched, 1), model(other)[0][:, 20:], atol=1e-12, rtol=0)
+        again, _ = model.step(x[:, 20:21], at_20)  # the older cache still holds its 20 tokens
+        torch.testing.assert_close(again, model(x[:, :21])[0][:, 20:], atol=1e-12, rtol=0)
+
+
+def test_transformer_step_under_autograd_gives_the_gradients_of_one_call():
+    torch.manual_seed(0)
+    model = Transformer(dim=16, depth=2, num_heads=2, causal=True).double()
+    x = torch.randn(2, 6, 16, dtype=torch.double, requires_grad=True)
+    cache, pieces = None, []
+    for start, stop in ((0, 2), (2, 3), (3, 6)):
+        y, cache = model.step(x[:, start:stop], cache)
+        pieces.append(y)
+    stepped = torch.autograd.grad(torch.cat(pieces, 1).pow(2).sum(), [x, *model.parameters()])
+    whole = torch.autograd.grad(model(x)[0].pow(2).sum(), [x, *model.parameters()])
+    for a, b in zip(stepped, whole, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)

@@ -96,3 +96,12 @@ def test_main_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         core_step.main(["--dim", "10", "--heads", "4"])
     assert "--heads must divide --dim" in capsys.readouterr().err
+
+
+def test_the_kv_cache_benchmark_compares_two_paths_that_agree(capsys):
+    """benchmarks/kv_cache_step.py: its concatenating reference and the in-place cache give the same
+    outputs (the script checks this on every run) and the table has one row per path and a ratio."""
+    kv_cache_step = load_benchmark("kv_cache_step")
+    kv_cache_step.main(["--steps", "20", "--repeats", "1", "--batches", "2", "3"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:5].strip() in ("2", "3")]
+    assert [row[1] for row in rows] == ["in", "concatenating", "ratio"] * 2

@@ -225,9 +225,9 @@ class InstructedPolicy(nn.Module):
 class PolicyState:
     """``InstructedPolicy``'s state while acting: ``steps`` taken (every row alike), the instruction
     token ``[B, dim]`` (None before the first step), the core's state, and for a stateless core the
-    ``cache``: per layer ``(keys, values)`` of every token so far."""
+    ``cache`` (``chronomem.baselines.KVCache``): per layer the keys and values of every token so far."""
 
     steps: int
     instruction: Tensor | None
     core: object
-    cache: tuple | None
+    cache: object

@@ -58,6 +58,7 @@ from chronomem.registry import register_model
 
 __all__ = [
     "Transformer",
+    "KVCache",
     "TransformerXL",
     "XLState",
     "RelativeAttention",
@@ -150,30 +151,81 @@ class Transformer(nn.Module):
             y = y.masked_fill(~mask[..., None], 0.0)
         return y, None
 
-    def step(self, x: Tensor, cache: tuple | None = None) -> tuple[Tensor, tuple]:
+    def step(self, x: Tensor, cache: KVCache | None = None) -> tuple[Tensor, KVCache]:
         """Causal decoding: the outputs for the new tokens ``x [B, n, dim]`` that follow the tokens whose
-        keys and values are in ``cache`` (per layer ``(k, v)``; None at the start), and the grown cache.
-        The outputs equal those of one ``forward`` over the whole sequence (no mask), at O(t) per token
-        instead of a recomputation of the prefix."""
+        keys and values are in ``cache`` (None at the start), and the cache with them. The outputs equal
+        those of one ``forward`` over the whole sequence (no mask), at O(t) per token instead of a
+        recomputation of the prefix; the new keys and values are written after the old ones in place
+        (``KVCache``), not concatenated."""
         if not self.causal:
             raise ValueError("step decodes causally: build the Transformer with causal=True")
         x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
-        past = 0 if cache is None else cache[0][0].shape[-2]
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be the KVCache of the previous step (or None), got {type(cache).__name__}")
+        past = 0 if cache is None else cache.length
         h = x
         if self.config.positions:
             pos = torch.arange(past, past + x.shape[1], device=x.device)
             h = h + sinusoid_from_positions(pos, self.dim).to(x.dtype)
         h = self.drop(h)
-        layers = []
+        heads = self.blocks[0].attn.num_heads
+        cache = (cache or KVCache.empty(len(self.blocks), x.shape[0], heads, self.dim // heads, x)).room_for(x.shape[1])
         for i, block in enumerate(self.blocks):
             attn, normed = block.attn, block.norm_attn(h)
-            k, v = attn.heads_kv(normed)
-            if cache is not None:
-                k, v = torch.cat([cache[i][0], k], -2), torch.cat([cache[i][1], v], -2)
-            layers.append((k, v))
+            k, v = cache.write(i, *attn.heads_kv(normed))  # every token so far, these included
             h = h + attn.attend(attn.heads_q(normed), k, v, causal=True)
             h = h + block.ff(block.norm_ff(h))
-        return self.norm(h), tuple(layers)
+        return self.norm(h), cache.advanced(x.shape[1])
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """``Transformer.step``'s keys and values of every token so far: per layer a buffer ``[B, H, capacity,
+    Dh]`` whose first ``length`` positions are filled. A step writes its tokens after them in place and
+    attends to a view of the filled part, and the buffers double when full, so decoding ``t`` tokens
+    copies O(t) numbers, not O(t^2) as concatenating the keys at every step would.
+
+    Only the newest cache of a chain is written in place (``tip``, shared by the chain, holds its
+    length). A step from an older cache (a branch), or under autograd (the earlier views are saved for
+    the backward pass), first copies the cache's filled part into new buffers, so every cache keeps the
+    values it had."""
+
+    keys: tuple[Tensor, ...]
+    values: tuple[Tensor, ...]
+    length: int
+    tip: list[int]  # [length of the chain's newest cache]
+
+    @classmethod
+    def empty(cls, layers: int, batch: int, heads: int, head_dim: int, like: Tensor) -> KVCache:
+        zeros = [like.new_empty(batch, heads, 0, head_dim) for _ in range(2 * layers)]
+        return cls(tuple(zeros[:layers]), tuple(zeros[layers:]), 0, [0])
+
+    def room_for(self, n: int) -> KVCache:
+        """This cache, or a copy of it in new buffers, that ``n`` more tokens may be written into."""
+        capacity, total = self.keys[0].shape[-2], self.length + n
+        if self.tip[0] == self.length and total <= capacity and not torch.is_grad_enabled():
+            return self
+        capacity = max(2 * capacity, total, 16) if total > capacity else capacity
+
+        def copied(t: Tensor) -> Tensor:
+            buffer = t.new_empty(*t.shape[:-2], capacity, t.shape[-1])
+            buffer[..., : self.length, :] = t[..., : self.length, :]
+            return buffer
+
+        return KVCache(tuple(map(copied, self.keys)), tuple(map(copied, self.values)), self.length, [self.length])
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write one layer's new keys and values ``[B, H, n, Dh]`` after the filled part; the layer's keys
+        and values of every token so far, these included (views of the buffers)."""
+        total = self.length + k.shape[-2]
+        self.keys[layer][..., self.length : total, :] = k
+        self.values[layer][..., self.length : total, :] = v
+        return self.keys[layer][..., :total, :], self.values[layer][..., :total, :]
+
+    def advanced(self, n: int) -> KVCache:
+        """The cache after a step of ``n`` tokens was written (the new tip of the chain)."""
+        self.tip[0] = self.length + n
+        return KVCache(self.keys, self.values, self.length + n, self.tip)
 
 
 # ============================================================================================
