@@ -1,9 +1,9 @@
 """Names -> constructors for models, tasks and experiments (``chronomem list`` prints them).
 
 Modules register themselves with the decorators below; ``_load()`` finds and imports every module that
-does, so a name is known as soon as anything asks the registry, and a new model, task or experiment is one
-module file with its decorator. Asking for a model or a task imports the
-models and tasks only; the experiments are imported when an experiment (or ``names()``) is asked for.
+does, so a name is known as soon as anything asks the registry, and a new model, task or experiment is
+one module file with its decorator. Asking for a model or a task imports the models and tasks only; the
+experiments are imported when an experiment (or ``names()``) is asked for.
 
 A model builder is ``builder(dim, depth, num_heads, causal, **options) -> backbone``, called through
 ``build_backbone(name, dim=, depth=, num_heads=, causal=, **options)`` (keywords: one call style) where a backbone
