@@ -21,6 +21,7 @@ from chronomem.experiments import (
     minigrid,
     popgym,
     relevance,
+    ssl,
     visual_match,
 )
 from chronomem.experiments import copy_baselines as copy
@@ -460,6 +461,8 @@ def produced_at(name: str, scale: str) -> dict[str, set[str]]:
     if name == "visual-match":
         s = visual_match.SCALES[scale]
         return table(s.models, [f"d{d}" for d in s.distractors])
+    if name == "ssl":
+        return table(ssl.MODELS, [ssl.setting(p) for p in ssl.SCALES[scale].probe_at])
     raise KeyError(name)
 
 
@@ -476,7 +479,7 @@ def problems(claim: Claim, produced: dict[str, set[str]]) -> list[str]:
 
 CLAIMED = ("copy-baselines", "transfer-copy", "denoise", "ballet", "pai", "listops", "listops-length",
            "resolution-transfer", "resolution-transfer-learned", "lm", "minigrid-transfer", "ballet-rl", "babyai",
-           "babyai-multi", "popgym", "visual-match")
+           "babyai-multi", "popgym", "visual-match", "ssl")
 
 
 @pytest.mark.parametrize("name", CLAIMED)

@@ -115,3 +115,65 @@ def test_bad_settings_are_named():
         SiT(1, 10, 4, 16, 1, 2)
     with pytest.raises(ValueError, match="images must be"):
         SiT(1, 8, 4, 16, 1, 2)(torch.zeros(2, 3, 8, 8))
+
+
+def test_blocks_are_laid_one_by_one_until_their_area_reaches_the_share():
+    """The vectorised union of noise (or replacement) blocks == laying them in a loop, as the authors do."""
+    from chronomem import sit
+
+    batch, side, share = 6, 12, 0.3
+    fast = sit._until_covered(batch, side, share, torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(4)
+    corner, size = sit._blocks(batch, sit.MAX_BLOCKS, side, g)
+    target = sit._uniform(batch, 0.0, share, g) * side * side
+    for i in range(batch):
+        mask, covered = torch.zeros(side, side, dtype=torch.bool), 0
+        for (top, left), (h, w) in zip(corner[i].tolist(), size[i].tolist(), strict=True):
+            if covered >= target[i]:
+                break
+            mask[top : top + h, left : left + w] = True
+            covered += h * w
+        assert torch.equal(fast[i], mask)
+    assert 0 < fast.float().mean() < share + 0.1
+
+
+# ---- the ssl experiment ---------------------------------------------------------------------------------
+
+
+def test_the_probe_reads_every_feature_vector_and_separates_separable_classes():
+    from chronomem.experiments.ssl import probe
+
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(3, (300,), generator=g)
+    centres = torch.eye(3, 8) * 6
+    x = centres[labels][:, None] + 0.3 * torch.randn(300, 1, 8, generator=g)
+    assert probe(x[:200], labels[:200], x[200:], labels[200:], 3, epochs=30, lr=1e-2, seed=0) == 100.0
+    noise = torch.randn(300, 1, 8, generator=g)  # a second vector with nothing in it: the mean keeps the first's
+    both = torch.cat([x, noise], 1)
+    assert probe(both[:200], labels[:200], both[200:], labels[200:], 3, epochs=30, lr=1e-2, seed=0) >= 95.0
+    blind = probe(noise[:200], labels[:200], noise[200:], labels[200:], 3, epochs=30, lr=1e-2, seed=0)
+    assert blind < 60.0
+
+
+def test_ssl_runs_at_smoke_scale(tmp_path, monkeypatch):
+    from chronomem.experiments import ssl
+    from chronomem.experiments.base import run_experiment
+    from chronomem.registry import get_experiment
+    from chronomem.tasks import images
+    from test_images import write_fashion_mnist
+
+    write_fashion_mnist(tmp_path / "data", n_train=30, n_test=16)
+    monkeypatch.setenv(images.ENV_DATA_DIR, str(tmp_path / "data"))
+    result = run_experiment(get_experiment("ssl"), "smoke", tmp_path / "run", progress=False)
+    steps = [f"step {p}" for p in ssl.SCALES["smoke"].probe_at]
+    assert tuple(result["results"]) == ssl.MODELS
+    for model in ssl.MODELS:
+        assert list(result["results"][model]) == steps
+        assert all(0.0 <= v <= 100.0 for v in result["results"][model].values())
+        assert set(result["extra"]["runs"][f"{model}/seed0"]["losses"]) == {"reconstruction", "rotation",
+                                                                             "contrastive", "loss"}
+    assert result["claims"][0]["better"] == "sit-tlb" and result["chance"] == 10.0
+    again = run_experiment(get_experiment("ssl"), "smoke", tmp_path / "again", progress=False)
+    assert again["results"] == result["results"]  # the same seed, the same table
+    with pytest.raises(ValueError, match="probe_at"):
+        ssl.SSLScale(steps=4, batch_size=2, lr=1e-3, eval_examples=2, probe_at=(2, 3))

@@ -105,52 +105,73 @@ def augment(images: Tensor, generator: torch.Generator) -> Tensor:
     return x.clamp(0, 1) * 2 - 1
 
 
-def _block(side: int, generator: torch.Generator) -> tuple[int, int, int, int]:
-    """A random rectangle (top, left, height, width) of 5-25% of the side in each direction."""
+MAX_BLOCKS = 64  # blocks drawn per image for each "until covered" corruption (the share is met long before)
+
+
+def _blocks(batch: int, count: int, side: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``count`` random rectangles per image of 5-25% of the side in each direction (the authors'
+    blocks), anywhere in the image: their corners and sizes ``[B, count, 2]`` (row, column)."""
     low, high = max(1, round(0.05 * side)), max(1, round(0.25 * side))
-    bh, bw = (int(torch.randint(low, high + 1, (1,), generator=generator)) for _ in range(2))
-    top, left = (int(torch.randint(0, side - s + 1, (1,), generator=generator)) for s in (bh, bw))
-    return top, left, bh, bw
+    size = torch.randint(low, high + 1, (batch, count, 2), generator=generator)
+    corner = (torch.rand(batch, count, 2, generator=generator) * (side - size + 1)).long()
+    return corner, size
 
 
-def _gaussian_blur(image: Tensor, kernel: int, sigma: float) -> Tensor:
-    """``image [C, H, W]`` blurred by a separable Gaussian (reflect padding)."""
-    t = torch.arange(kernel, dtype=image.dtype, device=image.device) - (kernel - 1) / 2
-    g = torch.exp(-0.5 * (t / sigma) ** 2)
-    g = g / g.sum()
-    c = image.shape[0]
-    x = F.pad(image[None], (kernel // 2,) * 4, mode="reflect") if kernel // 2 < image.shape[-1] else image[None]
-    x = F.conv2d(x, g.view(1, 1, 1, -1).expand(c, 1, 1, kernel), groups=c)
-    x = F.conv2d(x, g.view(1, 1, -1, 1).expand(c, 1, kernel, 1), groups=c)
-    return x[0]
+def _painted(corner: Tensor, size: Tensor, side: int, laid: Tensor | None = None) -> Tensor:
+    """``[B, H, W]``: the union of the rectangles (those ``laid [B, count]``, if given)."""
+    at = torch.arange(side)
+    inside = (at >= corner[..., None]) & (at < (corner + size)[..., None])  # [B, count, 2, side]
+    if laid is not None:
+        inside = inside & laid[..., None, None]
+    rows, cols = inside[:, :, 0].float(), inside[:, :, 1].float()
+    return torch.einsum("bkh,bkw->bhw", rows, cols) > 0  # some block covers (h, w)
+
+
+def _until_covered(batch: int, side: int, share: float, generator: torch.Generator) -> Tensor:
+    """``[B, H, W]``: the union of blocks laid one after another until they add up to a share U(0, share)
+    of the image (an image's blocks are counted by area, overlaps included, as the authors')."""
+    corner, size = _blocks(batch, MAX_BLOCKS, side, generator)
+    target = _uniform(batch, 0.0, share, generator)[:, None] * side * side
+    areas = size.prod(-1)
+    laid = (areas.cumsum(1) - areas) < target  # a block is laid while the ones before cover too little
+    return _painted(corner, size, side, laid)
+
+
+def _gaussian_blur(images: Tensor, kernels: Tensor, sigmas: Tensor) -> Tensor:
+    """Each image ``[B, C, H, W]`` blurred by its own separable Gaussian (odd ``kernels [B]``, ``sigmas
+    [B]``; reflect padding, replicate on images smaller than the widest kernel)."""
+    b, c, h, w = images.shape
+    widest = int(kernels.max())
+    t = torch.arange(widest, dtype=images.dtype) - (widest - 1) / 2
+    g = torch.exp(-0.5 * (t / sigmas[:, None].to(images.dtype)) ** 2) * (t.abs() <= (kernels[:, None] - 1) / 2)
+    g = (g / g.sum(1, keepdim=True)).to(images.device).repeat_interleave(c, 0)  # [B * C, widest]
+    pad = widest // 2
+    x = F.pad(images.reshape(1, b * c, h, w), (pad,) * 4, mode="reflect" if pad < min(h, w) else "replicate")
+    x = F.conv2d(x, g.view(b * c, 1, 1, widest), groups=b * c)
+    x = F.conv2d(x, g.view(b * c, 1, widest, 1), groups=b * c)
+    return x.view(b, c, h, w)
 
 
 def corrupt(images: Tensor, generator: torch.Generator) -> Tensor:
-    """The images with the authors' corruptions (module docstring), each image drawn apart; the other
-    image of a replacement is drawn from the batch."""
-    out = images.clone()
+    """The images with the authors' corruptions (module docstring), each image drawn apart, in their
+    order: a grey block (colour images), a blurred block, noise blocks, blocks of another image of the
+    batch (drawn from the batch)."""
     b, c, side, _ = images.shape
-    for i in range(b):
-        if c == 3:  # one block turned grey
-            t, l, bh, bw = _block(side, generator)
-            out[i, :, t : t + bh, l : l + bw] = out[i, :, t : t + bh, l : l + bw].mean(0, keepdim=True)
-        t, l, bh, bw = _block(side, generator)  # one block blurred
-        kernel = 2 * int(torch.randint(1, 8, (1,), generator=generator)) + 1  # 3, 5, ..., 15
-        sigma = float(_uniform(1, 0.1, 5.1, generator))
-        out[i, :, t : t + bh, l : l + bw] = _gaussian_blur(out[i], kernel, sigma)[:, t : t + bh, l : l + bw]
-        covered, target = 0, float(_uniform(1, 0.0, 0.3, generator)) * side * side
-        while covered < target:  # noise blocks
-            t, l, bh, bw = _block(side, generator)
-            out[i, :, t : t + bh, l : l + bw] = torch.randn(c, bh, bw, generator=generator).to(out)
-            covered += bh * bw
-        if b > 1:  # blocks from another image of the batch
-            other = (i + 1 + int(torch.randint(b - 1, (1,), generator=generator))) % b
-            covered, target = 0, float(_uniform(1, 0.0, 0.3, generator)) * side * side
-            while covered < target:
-                t, l, bh, bw = _block(side, generator)
-                out[i, :, t : t + bh, l : l + bw] = images[other, :, t : t + bh, l : l + bw]
-                covered += bh * bw
-    return out
+    out = images
+    device = images.device
+    if c == 3:
+        grey = _painted(*_blocks(b, 1, side, generator), side)[:, None].to(device)
+        out = torch.where(grey, out.mean(1, keepdim=True), out)
+    blurred = _painted(*_blocks(b, 1, side, generator), side)[:, None].to(device)
+    kernels = 2 * torch.randint(1, 8, (b,), generator=generator) + 1  # 3, 5, ..., 15
+    out = torch.where(blurred, _gaussian_blur(out, kernels, _uniform(b, 0.1, 5.1, generator)), out)
+    noise = _until_covered(b, side, 0.3, generator)[:, None].to(device)
+    out = torch.where(noise, torch.randn(out.shape, generator=generator).to(out), out)
+    if b > 1:
+        other = (torch.arange(b) + 1 + torch.randint(b - 1, (b,), generator=generator)) % b
+        replaced = _until_covered(b, side, 0.3, generator)[:, None].to(device)
+        out = torch.where(replaced, images[other.to(device)], out)
+    return out.clone() if out is images else out
 
 
 def unpatchify(pixels: Tensor, channels: int, patch_size: int) -> Tensor:
