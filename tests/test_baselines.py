@@ -677,3 +677,45 @@ def test_transformer_step_under_autograd_gives_the_gradients_of_one_call():
     whole = torch.autograd.grad(model(x)[0].pow(2).sum(), [x, *model.parameters()])
     for a, b in zip(stepped, whole, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("memory_mode", ["sliding", "segment"])
+def test_xl_acting_writes_in_place_and_every_state_keeps_its_values(memory_mode):
+    """Acting without copies (XLBuffers): one-step calls without gradients write after the state's window
+    (consecutive states share their storage), an older state acted from again and a reset state give
+    what a copy of them gives, and the outputs are those of the learning path (with gradients)."""
+    import copy
+
+    torch.manual_seed(0)
+    xl = _xl(memory_mode=memory_mode).double()
+    x = torch.randn(3, 30, 16, dtype=torch.double)
+    with torch.no_grad():
+        _, state = xl(x[:, :8])
+    saved = copy.deepcopy(state)
+    outputs, states = [], [state]
+    with torch.inference_mode():
+        for t in range(8, 20):
+            y, state = xl(x[:, t : t + 1], state)
+            outputs.append(y)
+            states.append(state)
+    assert states[3].memory.untyped_storage().data_ptr() == states[4].memory.untyped_storage().data_ptr()
+    reference, s = [], saved
+    for t in range(8, 20):  # with gradients: the concatenating path
+        y, s = xl(x[:, t : t + 1], s)
+        reference.append(y.detach())
+    torch.testing.assert_close(torch.cat(outputs, 1), torch.cat(reference, 1), atol=1e-12, rtol=0)
+    older, kept = states[5], copy.deepcopy(states[5])
+    with torch.inference_mode():
+        again, _ = xl(x[:, 25:28], older)  # from a state the chain has moved past
+        from_copy, _ = xl(x[:, 25:28], kept)
+        newest, _ = xl(x[:, 20:21], state)  # the chain goes on from its newest state
+    torch.testing.assert_close(again, from_copy, atol=0, rtol=0)
+    for a, b in zip((older.memory, *older.kv), (kept.memory, *kept.kv), strict=True):
+        assert torch.equal(a, b)  # acting from it wrote nothing into its window
+    expected, _ = xl(x[:, 20:21], copy.deepcopy(state))
+    torch.testing.assert_close(newest, expected.detach(), atol=1e-12, rtol=0)
+    done = torch.tensor([True, False, False])
+    with torch.inference_mode():
+        after_reset, _ = xl(x[:, 21:22], state.reset(done))
+    fresh, _ = xl(x[:, 21:22], copy.deepcopy(state).reset(done))
+    torch.testing.assert_close(after_reset, fresh.detach(), atol=1e-12, rtol=0)

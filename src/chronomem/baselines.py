@@ -308,16 +308,24 @@ class XLLayer(nn.Module):
         queries: int | None = None,
         attn_mask: Tensor | None = None,
         step_valid: Tensor | None = None,
+        into: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The layer from the memory's keys and values (``memory_kv``): the output and the keys and values
         of memory and segment, ``[B, M + L, 2 dim]``, those of invalid steps (``step_valid [B, L]`` False)
-        zeroed as in the cache. ``key_valid`` None: every key is valid."""
+        zeroed as in the cache. ``key_valid`` None: every key is valid. ``into`` (acting): a view
+        ``[B, M + L, 2 dim]`` of a buffer whose first M rows already hold the memory's keys and values
+        (then ``memory_kv`` is not read); the segment's are written after them, in place of a
+        concatenation."""
         # LN is per token, so LN([M; E]) = [LN(M); LN(E)]; the queries are the segment's own rows.
         normed = self.norm_attn(h)
         segment_kv = self.attn.attn.to_kv(normed)
         if step_valid is not None:  # never attended (key_valid): zeroed only so that the cache is
             segment_kv = segment_kv.masked_fill(~step_valid[..., None], 0.0)
-        keys_kv = torch.cat([memory_kv, segment_kv], 1)
+        if into is None:
+            keys_kv = torch.cat([memory_kv, segment_kv], 1)
+        else:
+            into[:, into.shape[1] - segment_kv.shape[1] :] = segment_kv
+            keys_kv = into
         if queries is not None:
             h, normed = h[:, h.shape[1] - queries :], normed[:, h.shape[1] - queries :]
             attn_mask = None if attn_mask is None else attn_mask[..., attn_mask.shape[-2] - queries :, :]
@@ -354,6 +362,70 @@ class XLState(RecurrentState):
     valid: Tensor
     kv: tuple[Tensor, ...] | None = None
     kv_version: Tensor | None = None
+
+
+class XLBuffers:
+    """Acting without copies (issue 53): an ``XLState``'s ``memory`` and ``kv`` as windows of longer
+    buffers, ``[B, depth, capacity, dim]`` and per layer ``[B, capacity, 2 dim]``. A call writes its
+    steps after the state's window, and the next state is the window moved on by them: a step copies one
+    step per layer, not the whole memory as ``torch.cat`` did. The buffers hold ``mem_len`` steps and
+    as many again to spare; when they are full the window moves into new ones.
+
+    A ``TransformerXL`` holds the buffers of its newest acting state (``frontier``: where that state's
+    window ends) and writes in place only from that state. A state whose window ends elsewhere (an
+    older state, acted from again), or that is no window of them (made by ``reset``, ``select``, a
+    learning call, ``done`` inside a call), is first copied into new buffers, so every state keeps its
+    values. Used only without gradients (acting)."""
+
+    def __init__(self, memory: Tensor, kv: list[Tensor], start: int, mem_len: int):
+        self.memory, self.kv, self.start, self.mem_len = memory, kv, start, mem_len
+        self.frontier = start + mem_len
+
+    @classmethod
+    def for_state(cls, state: XLState, length: int, held: XLBuffers | None) -> XLBuffers:
+        """Buffers holding ``state``'s window with room for ``length`` more steps: ``held`` if ``state`` is
+        its newest window and it has that room, else new ones with the window copied in."""
+        mem_len = state.memory.shape[2]
+        if held is not None and held.holds(state) and held.frontier + length <= held.memory.shape[2]:
+            return held
+        capacity = 2 * mem_len + length
+        memory = state.memory.new_empty(*state.memory.shape[:2], capacity, state.memory.shape[3])
+        memory[:, :, :mem_len] = state.memory
+        kv = []
+        for layer_kv in state.kv:
+            buffer = layer_kv.new_empty(layer_kv.shape[0], capacity, layer_kv.shape[2])
+            buffer[:, :mem_len] = layer_kv
+            kv.append(buffer)
+        return cls(memory, kv, 0, mem_len)
+
+    def holds(self, state: XLState) -> bool:
+        """Whether ``state``'s memory and keys and values are the newest windows of these buffers."""
+        start = self.frontier - self.mem_len
+        return (_is_window(state.memory, self.memory, start)
+                and all(_is_window(v, b, start) for v, b in zip(state.kv, self.kv, strict=True)))
+
+    def write_input(self, layer: int, h: Tensor) -> None:
+        """The layer's inputs of the call's steps, after the window."""
+        self.memory[:, layer, self.frontier : self.frontier + h.shape[1]] = h
+
+    def keys_values(self, layer: int, length: int) -> Tensor:
+        """The view ``[B, mem_len + length, 2 dim]`` that the layer writes its steps' keys and values into;
+        its first ``mem_len`` rows are the window's."""
+        return self.kv[layer][:, self.frontier - self.mem_len : self.frontier + length]
+
+    def advance(self, length: int) -> Tensor:
+        """The next state's memory: the window moved on by the call's ``length`` steps (its keys and values
+        are ``keys_values(l, length)[:, length:]``); these buffers' new frontier."""
+        self.frontier += length
+        return self.memory[:, :, self.frontier - self.mem_len : self.frontier]
+
+
+def _is_window(view: Tensor, buffer: Tensor, start: int) -> bool:
+    """Whether ``view`` is ``buffer``'s window of ``view.shape[-2]`` steps from ``start`` (time is the
+    second-last axis of both)."""
+    return (view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+            and view.storage_offset() == buffer.storage_offset() + start * buffer.stride(-2)
+            and view.stride() == buffer.stride() and view.shape[:-2] == buffer.shape[:-2])
 
 
 MEMORY_MODES = ("segment", "sliding")
@@ -528,10 +600,18 @@ class TransformerXL(CausalCore):
         # through W_kv LN(M)) and when every row's cache was made with the present parameter values.
         cached = state.kv is not None and not torch.is_grad_enabled() and bool(
             ((state.kv_version == version) | ~state.valid.any(1)).all())
+        # Acting (cached keys and values, every output read): write the segment after the memory in
+        # buffers with room to spare, in place of concatenating memory and segment (XLBuffers).
+        buffers = None
+        if cached and outputs is None and self.mem_len:
+            buffers = self._acting = XLBuffers.for_state(state, length, getattr(self, "_acting", None))
         h, inputs, kvs = self.drop(x), [], []
         for layer_index, layer in enumerate(self.layers):
             inputs.append(h)
-            if cached:
+            if buffers is not None:
+                buffers.write_input(layer_index, h)
+                memory_kv = None
+            elif cached:
                 memory_kv = state.kv[layer_index]
             else:  # zero at invalid slots, as in the cache (they are never attended)
                 memory_kv = layer.memory_kv(state.memory[:, layer_index]).masked_fill(~state.valid[..., None], 0.0)
@@ -540,12 +620,16 @@ class TransformerXL(CausalCore):
                 keys_kv = torch.cat([memory_kv, layer.memory_kv(h)], dim=1)
                 h = h.new_zeros(h.shape)
             else:
+                into = None if buffers is None else buffers.keys_values(layer_index, length)
                 h, keys_kv = layer.step(h, memory_kv, attended, self.causal, outputs if last else None, visible,
-                                        None if all_valid else mask)
+                                        None if all_valid else mask, into)
             kvs.append(keys_kv[:, keep:].detach())  # a view: the cache costs no copy
         # the next memory: the last mem_len inputs of every layer, gradient-stopped (segment mode, Dai et
         # al.) or carrying gradients like an RNN state until state.detach() (sliding mode)
-        memory = torch.cat([state.memory, torch.stack(inputs, dim=1)], dim=2)[:, :, keep:]
+        if buffers is not None:
+            memory = buffers.advance(length)
+        else:
+            memory = torch.cat([state.memory, torch.stack(inputs, dim=1)], dim=2)[:, :, keep:]
         y = self.norm(h) if outputs != 0 else h
         if y.shape[1] < length:
             y = torch.cat([y.new_zeros(batch, length - y.shape[1], y.shape[2]), y], 1)
