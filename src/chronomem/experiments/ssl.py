@@ -110,7 +110,7 @@ def _optimizer(model, s: SSLScale):
     decay = [p for name, p in model.named_parameters() if p.dim() >= 2 and name != "tokens"]
     rest = [p for name, p in model.named_parameters() if not (p.dim() >= 2 and name != "tokens")]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
-                                   {"params": rest, "weight_decay": 0.0}], lr=s.lr)
+                                   {"params": rest, "weight_decay": 0.0}], lr=s.lr, foreach=True)
 
     def factor(step: int) -> float:
         if step < s.warmup:

@@ -119,9 +119,13 @@ class TrainResult:
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    # foreach: one kernel per step for all parameters, the same numbers as the per-tensor loop torch
+    # picks on a CPU, without its per-parameter overhead
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    return torch.optim.RMSprop(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum)
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                 foreach=True)
+    return torch.optim.RMSprop(params, lr=cfg.lr, eps=cfg.eps, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
+                               foreach=True)
 
 
 def make_scheduler(
