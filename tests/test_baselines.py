@@ -663,6 +663,11 @@ def test_transformer_step_writes_in_place_and_a_branch_keeps_every_cache():
         torch.testing.assert_close(torch.cat(branched, 1), model(other)[0][:, 20:], atol=1e-12, rtol=0)
         again, _ = model.step(x[:, 20:21], at_20)  # the older cache still holds its 20 tokens
         torch.testing.assert_close(again, model(x[:, :21])[0][:, 20:], atol=1e-12, rtol=0)
+    with torch.inference_mode():
+        _, made_inside = model.step(x[:, :3])
+    with torch.no_grad():  # buffers made under inference_mode are copied, not written, outside it
+        outside, _ = model.step(x[:, 3:4], made_inside)
+    torch.testing.assert_close(outside, model(x[:, :4])[0][:, 3:], atol=1e-12, rtol=0)
 
 
 def test_transformer_step_under_autograd_gives_the_gradients_of_one_call():
@@ -719,3 +724,6 @@ def test_xl_acting_writes_in_place_and_every_state_keeps_its_values(memory_mode)
         after_reset, _ = xl(x[:, 21:22], state.reset(done))
     fresh, _ = xl(x[:, 21:22], copy.deepcopy(state).reset(done))
     torch.testing.assert_close(after_reset, fresh.detach(), atol=1e-12, rtol=0)
+    with torch.no_grad():  # buffers made under inference_mode are copied, not written, outside it
+        outside, _ = xl(x[:, 20:21], state)
+    torch.testing.assert_close(outside, expected.detach(), atol=1e-12, rtol=0)

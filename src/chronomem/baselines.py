@@ -203,7 +203,7 @@ class KVCache:
     def room_for(self, n: int) -> KVCache:
         """This cache, or a copy of it in new buffers, that ``n`` more tokens may be written into."""
         capacity, total = self.keys[0].shape[-2], self.length + n
-        if self.tip[0] == self.length and total <= capacity and not torch.is_grad_enabled():
+        if self.tip[0] == self.length and total <= capacity and not torch.is_grad_enabled() and writable(self.keys[0]):
             return self
         capacity = max(2 * capacity, total, 16) if total > capacity else capacity
 
@@ -377,16 +377,17 @@ class XLBuffers:
     learning call, ``done`` inside a call), is first copied into new buffers, so every state keeps its
     values. Used only without gradients (acting)."""
 
-    def __init__(self, memory: Tensor, kv: list[Tensor], start: int, mem_len: int):
-        self.memory, self.kv, self.start, self.mem_len = memory, kv, start, mem_len
-        self.frontier = start + mem_len
+    def __init__(self, memory: Tensor, kv: list[Tensor], mem_len: int):
+        """Buffers whose first ``mem_len`` steps hold the newest window."""
+        self.memory, self.kv, self.mem_len, self.frontier = memory, kv, mem_len, mem_len
 
     @classmethod
     def for_state(cls, state: XLState, length: int, held: XLBuffers | None) -> XLBuffers:
         """Buffers holding ``state``'s window with room for ``length`` more steps: ``held`` if ``state`` is
         its newest window and it has that room, else new ones with the window copied in."""
         mem_len = state.memory.shape[2]
-        if held is not None and held.holds(state) and held.frontier + length <= held.memory.shape[2]:
+        if (held is not None and held.holds(state) and held.frontier + length <= held.memory.shape[2]
+                and writable(held.memory)):
             return held
         capacity = 2 * mem_len + length
         memory = state.memory.new_empty(*state.memory.shape[:2], capacity, state.memory.shape[3])
@@ -396,7 +397,7 @@ class XLBuffers:
             buffer = layer_kv.new_empty(layer_kv.shape[0], capacity, layer_kv.shape[2])
             buffer[:, :mem_len] = layer_kv
             kv.append(buffer)
-        return cls(memory, kv, 0, mem_len)
+        return cls(memory, kv, mem_len)
 
     def holds(self, state: XLState) -> bool:
         """Whether ``state``'s memory and keys and values are the newest windows of these buffers."""
@@ -418,6 +419,12 @@ class XLBuffers:
         are ``keys_values(l, length)[:, length:]``); these buffers' new frontier."""
         self.frontier += length
         return self.memory[:, :, self.frontier - self.mem_len : self.frontier]
+
+
+def writable(buffer: Tensor) -> bool:
+    """Whether ``buffer`` may be written in place here: a buffer made under ``torch.inference_mode`` only
+    inside it (torch refuses the write elsewhere; it is copied then)."""
+    return not buffer.is_inference() or torch.is_inference_mode_enabled()
 
 
 def _is_window(view: Tensor, buffer: Tensor, start: int) -> bool:
