@@ -46,7 +46,7 @@ STARTER = dict(num_envs=16, num_steps=128, num_minibatches=8, update_epochs=4, l
 class Control:
     env: str
     agent: dict  # chronomem.rl.ppo.Args fields of the experiment's agent
-    grid: dict  # setting name -> Args changes
+    grid: dict  # setting name -> Args changes (and "core_options", replacing the control's)
     stop_return: float | None
     stop_length: float | None = None
     stop_success: float | None = None
@@ -93,6 +93,19 @@ CONTROLS = {
         stop_return=0.9, stop_length=80, max_frames=400_000,
         about="the any-dancer control with ballet-rl quick's HTM agent (its settings learned it for the LSTM "
               "and the memoryless agent; HTM touched a dancer in 97% of episodes but after 133 steps)"),
+    "ballet-any-attention": Control(
+        env="chronomem/Ballet-2_delay16-any-symbolic-v0", agent={**BALLET_AGENT, "core": "htm"},
+        core_options=dict(chunk_size=32, top_k=8, memory_size=40),
+        grid={"htm, 8 epochs": {**BALLET_QUICK, "update_epochs": 8},
+              "htm, 8 epochs, lr 3e-4": {**BALLET_QUICK, "update_epochs": 8, "lr": 3e-4},
+              "htm depth 1, 8 epochs": {**BALLET_QUICK, "update_epochs": 8, "depth": 1},
+              "gtrxl (memory 256), 8 epochs": {**BALLET_QUICK, "update_epochs": 8, "core": "gtrxl",
+                                               "core_options": dict(mem_len=256)},
+              "transformer-xl (memory 256), 8 epochs": {**BALLET_QUICK, "update_epochs": 8, "core": "transformer-xl",
+                                                        "core_options": dict(mem_len=256)}},
+        stop_return=0.9, stop_length=80, max_frames=819_200,
+        about="why HTM learns the any-dancer control slowly (seed 0 not in 819k frames): its settings, its "
+              "depth, and the attention agents beside it (GTrXL's gates are what made Transformers learn in RL)"),
     "ballet-level": Control(
         env="chronomem/Ballet-2_delay16-symbolic-v0", agent=BALLET_AGENT,
         grid={"16x128 truncation, no recon": {**STARTER, "reconstruction": 0.0},
@@ -126,10 +139,12 @@ def run_one(control: str, setting: str, seed: int) -> dict:
     from chronomem.rl.ppo import Args, stop_reached, train
 
     c = CONTROLS[control]
-    args = Args(env=c.env, **{**c.agent, **c.grid[setting]}, total_frames=c.max_frames, seed=seed,
+    changes = dict(c.grid[setting])
+    core_options = changes.pop("core_options", c.core_options)  # a setting may bring its core's own options
+    args = Args(env=c.env, **{**c.agent, **changes}, total_frames=c.max_frames, seed=seed,
                 stop_return=c.stop_return, stop_length=c.stop_length, stop_success=c.stop_success, torch_threads=1,
                 progress=False)
-    result = train(args, c.core_options)
+    result = train(args, core_options)
     last = result.history[-1]
     reached = last["step"] if stop_reached(last, args) else None  # the run stopped there, or ran out
     kls = [row["approx_kl"] for row in result.history]

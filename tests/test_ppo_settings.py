@@ -95,3 +95,16 @@ def test_the_peer_table_gives_the_median_seconds_to_the_target_and_its_ratio():
     assert "seconds to 0.9 0.60x (target <= 0.6), frames to 0.9 1.43x (target <= 1.0), frames/s 1.00x" in text
     never = [record("torch-ac", 1, 30.0, 60_000), record("chronomem", 1, 5.0, None)]
     assert "seconds to 0.9 - " in ppo_peer.table(never, max_frames=400_000)
+
+
+def test_a_setting_may_bring_its_own_core_and_core_options(monkeypatch):
+    """A grid entry that names another core replaces the control's core options with its own (the
+    control's HTM options would not build the LSTM)."""
+    control = tiny_control(core_options=dict(chunk_size=4, top_k=1, memory_size=2),
+                           grid={"htm": dict(num_envs=4, num_steps=16, num_minibatches=2, core="htm"),
+                                 "lstm": dict(num_envs=4, num_steps=16, num_minibatches=2, core="lstm",
+                                              core_options={})})
+    monkeypatch.setitem(ppo_settings.CONTROLS, "tiny", control)
+    assert ppo_settings.run_one("tiny", "lstm", seed=1)["frames"] == 64
+    assert ppo_settings.run_one("tiny", "htm", seed=1)["frames"] == 64
+    assert {"core_options"} <= set(ppo_settings.CONTROLS["ballet-any-attention"].grid["gtrxl (memory 256), 8 epochs"])
