@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chronomem.experiments import babyai, ballet_rl, htm, images, listops, lm, minigrid, popgym, relevance
+from chronomem.experiments import babyai, ballet_rl, htm, images, listops, lm, minigrid, popgym, relevance, ssl
 from chronomem.experiments import copy_baselines as copy
 
 MEASURED = Path(__file__).resolve().parent.parent / "docs" / "measured"
@@ -26,7 +26,7 @@ SCALE_TABLES = {
     "denoise": relevance.DENOISE_SCALES, "lm": lm.SCALES, "resolution-transfer": images.SCALES,
     "resolution-transfer-learned": images.SCALES,
     "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES, "ballet-rl": ballet_rl.SCALES,
-    "popgym": popgym.SCALES, "minigrid-transfer": minigrid.SCALES,
+    "popgym": popgym.SCALES, "minigrid-transfer": minigrid.SCALES, "ssl": ssl.SCALES,
 }
 MISSING = "(not recorded)"
 
