@@ -365,7 +365,7 @@ class XLState(RecurrentState):
 
 
 class XLBuffers:
-    """Acting without copies (issue 53): an ``XLState``'s ``memory`` and ``kv`` as windows of longer
+    """Acting without copies: an ``XLState``'s ``memory`` and ``kv`` as windows of longer
     buffers, ``[B, depth, capacity, dim]`` and per layer ``[B, capacity, 2 dim]``. A call writes its
     steps after the state's window, and the next state is the window moved on by them: a step copies one
     step per layer, not the whole memory as ``torch.cat`` did. The buffers hold ``mem_len`` steps and
