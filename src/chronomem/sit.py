@@ -95,14 +95,19 @@ def augment(images: Tensor, generator: torch.Generator) -> Tensor:
     view = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
     x = (view + 1) / 2  # [0, 1] for the jitter
     x = x * _uniform(b, 0.6, 1.4, generator).view(b, 1, 1, 1).to(x)  # brightness
-    grey = x.mean(1, keepdim=True) if c == 1 else (x * x.new_tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)).sum(
-        1, keepdim=True)
-    x = (x - grey.mean((2, 3), keepdim=True)) * _uniform(b, 0.6, 1.4, generator).view(b, 1, 1, 1).to(x) + grey.mean(
-        (2, 3), keepdim=True)  # contrast
+    mean = _luminance(x).mean((2, 3), keepdim=True)
+    x = (x - mean) * _uniform(b, 0.6, 1.4, generator).view(b, 1, 1, 1).to(x) + mean  # contrast
     if c == 3:  # saturation
-        grey = (x * x.new_tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)).sum(1, keepdim=True)
+        grey = _luminance(x)
         x = grey + (x - grey) * _uniform(b, 0.6, 1.4, generator).view(b, 1, 1, 1).to(x)
     return x.clamp(0, 1) * 2 - 1
+
+
+def _luminance(x: Tensor) -> Tensor:
+    """``[B, 1, H, W]``: a grey image's own value, or a colour image's luminance (ITU-R 601 weights)."""
+    if x.shape[1] == 1:
+        return x
+    return (x * x.new_tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)).sum(1, keepdim=True)
 
 
 MAX_BLOCKS = 64  # blocks drawn per image for each "until covered" corruption (the share is met long before)
