@@ -155,6 +155,26 @@ def test_a_section_shows_the_seeds_their_interval_chance_and_the_claims(tmp_path
     assert "  - x: b 51.0 [48.5, 53.5] vs c 55.0 [30.2, 79.8]: **does not hold**" in page
 
 
+def test_the_page_opens_with_each_claims_verdicts_counted_and_unlearned_controls_named(tmp_path):
+    claims = [dataclasses.asdict(Claim("A beats B", "a", "b")), dataclasses.asdict(Claim("A beats C", "a", "c"))]
+    write(tmp_path / "run", {
+        "experiment": "fake", "scale": "quick", "config": {"scale": {"seeds": 3}},
+        "results": {"a": {"x": 81.0, "y": 20.0}, "b": {"x": 51.0, "y": 30.0}},
+        "per_seed": {"a": {"x": [80.0, 81.0, 82.0], "y": [19.0, 20.0, 21.0]},
+                     "b": {"x": [50.0, 51.0, 52.0], "y": [29.0, 30.0, 31.0]}}, "claims": claims})
+    write(tmp_path / "rl", {"experiment": "fake-rl", "scale": "quick", "config": {},
+                            "results": {"a": {"x": 1.0}}, "claims": [],
+                            "control": {"learned": {"a": [True, False]}, "per_seed": {"a": [1.0, 0.2]},
+                                        "task": "t", "frames": 10, "threshold": ">= 0.9", "metric": "return"}})
+    page = results_page([tmp_path])
+    glance = page[page.index("## At a glance"):page.index("## fake — `quick`")]
+    assert "| [fake](#fake--quick) | `quick` | A beats B | holds (1 of 2); " \
+           "does not hold (reversed beyond the noise) (1 of 2) |" in glance
+    assert "| [fake](#fake--quick) | `quick` | A beats C | not measured |" in glance  # no c at all
+    assert "| [fake-rl](#fake-rl--quick) | `quick` | no claim judged | control not learned by `a` |" in glance
+    assert glance.index("[fake]") < glance.index("[fake-rl]")
+
+
 def test_runs_of_one_seed_each_are_judged_over_their_seeds(tmp_path):
     for seed, (a, b) in enumerate([(80.0, 50.0), (82.0, 52.0)]):
         write(tmp_path / f"s{seed}", {"experiment": "fake", "scale": "quick", "seed": seed, "config": {},

@@ -336,6 +336,7 @@ WITHIN_NOISE = "holds in the mean (within the noise)"
 ONE_SEED = "holds in the mean (one seed)"
 FAILS = "does not hold"
 REVERSED = "does not hold (reversed beyond the noise)"
+VERDICTS = (HOLDS, WITHIN_NOISE, ONE_SEED, FAILS, REVERSED)
 NOT_MEASURED = "not measured"
 
 
@@ -495,15 +496,20 @@ def _seeds_text(values: list[Any]) -> str:
                       for v in values)
 
 
+def claim_cells(runs: list[dict[str, Any]], claims: tuple[Claim, ...]) -> dict[str, dict[str, Score]]:
+    """``{model: {setting: Score}}`` over ``runs`` for the models the claims compare (``judge``'s input)."""
+    models = {m for c in claims for m in (c.better, c.worse)}
+    return {m: {s: score(_row_value(runs, m, s), run_seeds(runs, m, s))
+                for r in runs for s in r["results"].get(m, {})} for m in models}
+
+
 def claims_markdown(runs: list[dict[str, Any]]) -> list[str]:
     """The "Claims" list under a table: each claim of the runs' experiment, per setting the two means
     (with their 95% intervals where there are seeds) and the verdict."""
     claims = declared_claims(runs[0])
     if not claims:
         return []
-    models = {m for c in claims for m in (c.better, c.worse)}
-    cells = {m: {s: score(_row_value(runs, m, s), run_seeds(runs, m, s))
-                 for r in runs for s in r["results"].get(m, {})} for m in models}
+    cells = claim_cells(runs, claims)
     lines = ["**Claims**, judged from the numbers above (mean [95% interval] where there are several seeds):", ""]
     for claim in claims:
         judged = judge(claim, cells)
@@ -662,6 +668,44 @@ def _budget_heading(results: dict) -> str:
     return "" if budget is None else f", equal time budget of {budget:g} s per model"
 
 
+def verdict_counts(runs: list[dict[str, Any]]) -> list[tuple[Claim, dict[str, int]]]:
+    """Each claim of the runs' experiment with how many of its settings got each verdict (as
+    ``claims_markdown`` judges them), in the order the verdicts are listed (``VERDICTS``)."""
+    claims = declared_claims(runs[0])
+    cells = claim_cells(runs, claims)
+    counts = []
+    for claim in claims:
+        judged = [result for *_, result in judge(claim, cells)]
+        counts.append((claim, {v: judged.count(v) for v in VERDICTS if v in judged}))
+    return counts
+
+
+def glance_rows(runs: list[dict[str, Any]]) -> list[str]:
+    """The rows of one section in the page's summary: per claim, its verdicts counted over the settings;
+    an RL run whose control some seed did not learn says so instead of judging memory."""
+    first = runs[0]
+    name = f"[{first['experiment']}](#{anchor(first)})"
+    unlearned = [m for run in runs for m, seeds in ((run.get("control") or {}).get("learned") or {}).items()
+                 if not all(seeds)]
+    warning = f"control not learned by {', '.join(f'`{m}`' for m in dict.fromkeys(unlearned))}" if unlearned else ""
+    prefix = f"{warning}: " if warning else ""
+    counted = verdict_counts(runs)
+    if not counted:
+        return [f"| {name} | `{first['scale']}` | no claim judged | {warning or '—'} |"]
+    rows = []
+    for claim, counts in counted:
+        shown = "; ".join(f"{v} ({n} of {sum(counts.values())})" for v, n in counts.items()) or "not measured"
+        rows.append(f"| {name} | `{first['scale']}` | {claim.text} | {prefix}{shown} |")
+    return rows
+
+
+def anchor(run: dict[str, Any]) -> str:
+    """The Markdown anchor of a section's heading (GitHub's: lower case, punctuation dropped, spaces to -)."""
+    heading = f"{run['experiment']} — {run['scale']}" + _budget_heading(run)
+    kept = "".join(ch for ch in heading.lower() if ch.isalnum() or ch in " -_")
+    return kept.replace(" ", "-")
+
+
 def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
     """The Markdown section of one (experiment, scale, time budget): one column per run, the mean, the per-seed values
     and 95% interval, the paper, the chance level; under it the claims judged (``spread_table``,
@@ -716,6 +760,12 @@ def results_page(paths: Iterable[str | Path], title: str = "Measured results") -
         "(one seed)** (no interval to compare), **does not hold** (order wrong or equal; *reversed beyond the "
         "noise* when the intervals are apart). A model that ran out of memory (OOM) scores below any number.",
     ]
-    for key in sorted(groups):
-        parts += ["", section(groups[key])]
+    ordered = [sorted(groups[key], key=lambda pair: (pair[0].get("seed", 0), pair[1])) for key in sorted(groups)]
+    parts += ["", "## At a glance", "",
+              "Each experiment's claims, with how many of their settings got each verdict (the sections below "
+              "give the numbers).", "", "| experiment | scale | claim | verdict (settings) |", "|---|---|---|---|"]
+    for group in ordered:
+        parts += glance_rows([run for run, _ in group])
+    for group in ordered:
+        parts += ["", section(group)]
     return "\n".join(parts) + "\n"
