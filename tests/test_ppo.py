@@ -407,6 +407,19 @@ def test_obs_map_handles_arrays_and_dicts():
     assert obs_map(lambda x: x * 2, {"a": np.ones(1)})["a"].tolist() == [2]
 
 
+def test_a_stop_flag_counts_only_on_rows_with_enough_ended_episodes():
+    from chronomem.rl.ppo import stop_reached
+
+    args = tiny_args(stop_return=0.9, stop_length=80)  # 4 envs: 4 episodes by default
+    row = {"return_mean": 1.0, "length_mean": 70.0}
+    assert not stop_reached({**row, "episodes": 3}, args)  # three quick ones of a first rollout
+    assert stop_reached({**row, "episodes": 4}, args)
+    assert not stop_reached({**row, "episodes": 8, "length_mean": 81.0}, args)  # both must hold
+    assert stop_reached({**row, "episodes": 1}, tiny_args(stop_return=0.9, stop_episodes=1))
+    with pytest.raises(ValueError, match="--stop-episodes must be a positive integer"):
+        tiny_args(stop_return=0.9, stop_episodes=0)
+
+
 def test_stop_return_ends_the_run_at_the_first_logged_row_that_reaches_it():
     stopped = train(tiny_args(total_frames=48 * 4, stop_return=0.0))
     assert stopped.frames == 48 and len(stopped.history) == 1  # every mean return is >= 0

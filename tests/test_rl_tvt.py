@@ -69,9 +69,10 @@ def test_stop_success_ends_the_run_at_the_first_logged_rate_that_reaches_it():
     assert train(Args(**tiny, stop_success=0.0)).frames == 140  # every rate is >= 0: the first row stops it
     assert train(Args(**tiny, stop_success=1.01)).frames == 140 * 3  # out of reach: the whole run
     args = Args(**tiny, stop_success=0.5, stop_return=5.0)
-    assert stop_reached({"return_mean": 6.0, "length_mean": 35, "success_rate": 0.5}, args)
-    assert not stop_reached({"return_mean": 4.0, "length_mean": 35, "success_rate": 0.9}, args)  # both must hold
-    assert not stop_reached({"return_mean": 6.0, "length_mean": 35}, args)  # no episode reported one
+    enough = {"episodes": args.num_envs}
+    assert stop_reached({"return_mean": 6.0, "length_mean": 35, "success_rate": 0.5, **enough}, args)
+    assert not stop_reached({"return_mean": 4.0, "length_mean": 35, "success_rate": 0.9, **enough}, args)  # both
+    assert not stop_reached({"return_mean": 6.0, "length_mean": 35, **enough}, args)  # no episode reported one
 
 
 @pytest.mark.parametrize("visual", ["cnn", "cells"])

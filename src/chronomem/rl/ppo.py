@@ -648,10 +648,14 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
 
 def stop_reached(row: dict[str, Any], args: Args) -> bool:
     """Whether a logged row meets the run's stopping rule (--stop-return, --stop-length, --stop-success: each
-    given one)."""
+    given one) over at least --stop-episodes ended episodes (default: one per env). The floor matters at
+    the start: the episodes that end in the first rollouts are the ones that ended soonest, so a wandering
+    policy's first few can all look like a learned one's."""
     if args.stop_return is None and args.stop_length is None and args.stop_success is None:
         return False
     if "return_mean" not in row or (args.stop_success is not None and "success_rate" not in row):  # none ended
+        return False
+    if row.get("episodes", 0) < (args.num_envs if args.stop_episodes is None else args.stop_episodes):
         return False
     return ((args.stop_return is None or row["return_mean"] >= args.stop_return)
             and (args.stop_length is None or row["length_mean"] <= args.stop_length)

@@ -74,6 +74,10 @@ class Args:
     stop_length: float | None = setting(None, "end the run early once a logged mean episode length is at most "
                                         "this (with --stop-return: once both hold); a control that wandering "
                                         "passes is learned when it is passed fast", resumable=True)
+    stop_episodes: int | None = setting(None, "a stop flag counts only on a logged row where at least this many "
+                                        "episodes ended (default: --num-envs): the episodes that end in the first "
+                                        "rollouts are the short ones, so a few of them say nothing of the policy",
+                                        resumable=True, low=1)
     reward_part: str | None = setting(None, "an info key holding the part of each step's reward to learn apart "
                                       "(Visual Match: 'apple_reward'): two value heads learn that part's return "
                                       "and the rest's, and with --norm-adv each part's advantages are normalised "
