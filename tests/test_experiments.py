@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from chronomem.experiments import babyai, base, htm, listops, lm, relevance, tour
+from chronomem.experiments import babyai, base, htm, listops, lm, relevance, ssl, tour
 from chronomem.experiments import copy_baselines as copy
+from chronomem.experiments import decision_transformer as dt
 from chronomem.experiments import images as resolution
 from chronomem.experiments.base import Experiment, Scale, run_experiment
 from chronomem.registry import EXPERIMENTS, get_experiment
@@ -19,7 +20,7 @@ ALL_SCALES = {
     "copy-baselines": copy.SCALES, "ballet": htm.BALLET_SCALES, "pai": htm.PAI_SCALES, "listops": listops.SCALES,
     "transfer-copy": relevance.TRANSFER_SCALES, "denoise": relevance.DENOISE_SCALES, "lm": lm.SCALES,
     "resolution-transfer": resolution.SCALES,  # its smoke run needs data: tests/test_images.py writes some
-    "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES,
+    "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES, "ssl": ssl.SCALES, "decision-transformer": dt.SCALES,
 }
 FAST = ("copy-baselines", "ballet", "pai", "listops")  # smoke runs of about a second each
 

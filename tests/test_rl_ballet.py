@@ -249,3 +249,30 @@ def test_reconstructing_every_kth_step_is_an_unbiased_estimate():
     torch.testing.assert_close(torch.stack(list(losses.values())).mean(), every_step)
     with pytest.raises(ValueError, match="reconstruct_every"):
         ActorCritic(encoder_for(space, 8), get_model("lstm")(8, 1, 2, True), 8, 8, reconstruct_every=0)
+
+
+def test_a_ballet_rl_model_may_carry_its_own_ppo_settings_and_its_runs_get_them(tmp_path, monkeypatch):
+    import dataclasses
+
+    from chronomem.experiments import ballet_rl
+
+    quick = ballet_rl.SCALES["quick"]
+    assert quick.ppo_of("htm")["depth"] == 1 and quick.ppo_of("lstm")["depth"] == quick.ppo["depth"] == 2
+    with pytest.raises(ValueError, match="model htm: its PPO settings"):
+        dataclasses.replace(quick, model_ppo={"htm": {"depth": 0}})
+    smoke = dataclasses.replace(ballet_rl.SCALES["smoke"], model_ppo={"htm": {"hidden": 24}})
+    monkeypatch.setitem(ballet_rl.SCALES, "smoke", smoke)
+    seen = {}
+    monkeypatch.setattr(ballet_rl, "check_cores", lambda name, models, env, ppo, options: seen.setdefault(
+        ("check", models[0]), ppo["hidden"]))
+    monkeypatch.setattr(ballet_rl, "plot_learning_curves", lambda *args: None)
+
+    def trained(job):
+        seen[(job.control, job.run.model)] = job.run.ppo["hidden"]
+        return ({"seed": job.run.seed, "success": {level: 50.0 for level in job.scale.levels}, "curve": [(8, 0.5)],
+                 **({"learned": True} if job.control else {})}, 1)
+
+    monkeypatch.setattr(ballet_rl, "_train_and_evaluate", trained)
+    ballet_rl._run("smoke", tmp_path, 0, models=("htm", "lstm"), progress=False)
+    assert seen == {("check", "htm"): 24, ("check", "lstm"): 16, (True, "htm"): 24, (False, "htm"): 24,
+                    (True, "lstm"): 16, (False, "lstm"): 16}
