@@ -681,3 +681,24 @@ def test_a_long_evaluation_shows_its_progress(capsys, monkeypatch):
     assert "evaluating on the test split of copy: example 4/8" in err and "done, 8 examples" in err
     loop.evaluate(make_model(), task, batch_size=4, num_examples=8, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_compiled_run_trains_as_the_eager_one(tmp_path):
+    """--compile (traced and differentiated by aot_eager on the CPU): the same losses and weights."""
+    from chronomem.registry import build_backbone
+
+    torch._dynamo.reset()
+    task = CopyTask(seq_len=4, copy_len=2)
+
+    def model():
+        torch.manual_seed(0)
+        return Tagger(build_backbone("transformer", dim=16, depth=1, num_heads=2, causal=True), 16, 10, vocab_size=10)
+
+    runs = [train(model(), task, config(tmp_path / str(k), steps=6, **changes))
+            for k, changes in enumerate([{}, {"compile": True, "compile_backend": "aot_eager"}])]
+    torch._dynamo.reset()
+    losses = [[r["loss"] for r in run.history if r["split"] == "train"] for run in runs]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    torch.testing.assert_close(flat_weights(runs[1].model), flat_weights(runs[0].model), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="--compile-mode must be one of"):
+        config(tmp_path, compile=True, compile_mode="fastest")

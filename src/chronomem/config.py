@@ -23,6 +23,9 @@ import types
 import typing
 from typing import Any
 
+# torch.compile's modes, as --compile-mode offers them (chronomem.train.compile)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
 
 def setting(default: Any, help: str, *, choices: tuple[str, ...] | None = None, resumable: bool = False,
             aliases: tuple[str, ...] = (), flag: str | None = None, zero_is_none: str | None = None,

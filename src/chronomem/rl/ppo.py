@@ -571,6 +571,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         reporter = Progress(num_updates * frames_per_update, f"{args.core} on {args.env}, seed {args.seed}{ranks}",
                             args.progress and ctx.is_main, unit="frame", initial=frames, unit_scale=True)
         reporter.update(frames, {"mean return": "—"})  # until an episode ends; fixes the order of the metrics
+        model = compiled(agent, args)  # what acts and replays; ``agent`` holds the weights and is saved
         next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
@@ -587,12 +588,12 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                 group["lr"] = lr
             agent.eval()  # acting and replay must compute the same function (no dropout)
             tic = time.perf_counter()
-            rollout, next_obs, state = collect(agent, envs, next_obs, state, args.num_steps, tracker, args.recurrence,
+            rollout, next_obs, state = collect(model, envs, next_obs, state, args.num_steps, tracker, args.recurrence,
                                                args.timeout, args.reward_part)
             toc = time.perf_counter()
             advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
             with differentiable_on_cudnn(agent):
-                stats = learn(agent, optimizer, rollout, advantages, returns, args, ctx)
+                stats = learn(model, optimizer, rollout, advantages, returns, args, ctx)
             split["env"] += rollout.env_seconds
             split["act"] += toc - tic - rollout.env_seconds
             split["learn"] += time.perf_counter() - toc
@@ -644,6 +645,15 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         return PPOResult(agent, frames, seconds, history)
     finally:
         envs.close()
+
+
+def compiled(agent: ActorCritic, args: Args) -> nn.Module:
+    """The agent as acting and learning call it: itself, or with ``--compile`` under ``torch.compile``
+    (``chronomem.train.compile``), sharing its parameters and attributes. Shapes are static
+    (``dynamic=False``): an acting step ``[B, 1]`` and a replay ``[n, window]``, one graph each."""
+    from chronomem.train.compile import compiled as compile_module
+
+    return compile_module(agent, args.compile, args.compile_mode, args.compile_backend, dynamic=False)
 
 
 def stop_reached(row: dict[str, Any], args: Args) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from chronomem.config import check_settings, setting
+from chronomem.config import COMPILE_MODES, check_settings, setting
 
 __all__ = ["Args", "MINIBATCHES", "TIMEOUTS", "check_ppo_settings"]
 
@@ -98,6 +98,14 @@ class Args:
     out: str | None = setting(None, "run directory (config.json, metrics.csv, checkpoints)")
     progress: bool = setting(True, "show a progress bar or lines on stderr", resumable=True, aliases=("--quiet",))
     device: str | None = setting(None, "cpu, cuda, cuda:1 ... (default: cuda if available)", resumable=True)
+    compile: bool = setting(False, "torch.compile the agent's forward, for acting and for the replay with its "
+                            "backward (a GPU's speed-up: an acting step is hundreds of small kernels); the same "
+                            "numbers as without it, to float tolerance", resumable=True)
+    compile_mode: str = setting("default", "torch.compile's mode with --compile: 'default', 'reduce-overhead' "
+                                "(CUDA graphs) or 'max-autotune'", resumable=True, choices=COMPILE_MODES)
+    compile_backend: str = setting("inductor", "torch.compile's backend with --compile ('aot_eager' traces and "
+                                   "differentiates the graphs without generating code: what the CPU tests use)",
+                                   resumable=True)
 
     def __post_init__(self):
         check_settings(self)  # each field's bounds and choices, as declared above

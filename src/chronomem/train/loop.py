@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from chronomem.config import setting
+from chronomem.config import COMPILE_MODES, setting
 from chronomem.progress import Progress, duration
 from chronomem.train import distributed
 from chronomem.train.checkpoint import CheckpointError, load_config, load_weights, locate_run, save_checkpoint
+from chronomem.train.compile import compiled
 from chronomem.train.metrics import MetricsLogger, loss_and_accuracy
 from chronomem.train.resume import Run, check_new_run, continue_run_dir, restore, restore_optimizer, rng_state
 
@@ -64,6 +65,12 @@ class TrainConfig:
                              "runs out first", choices=ANNEAL_BY)
     progress: bool = setting(True, "show a progress bar or lines on stderr", resumable=True, aliases=("--quiet",))
     device: str | None = setting(None, "cpu, cuda, cuda:1 ... (default: cuda if available)", resumable=True)
+    compile: bool = setting(False, "torch.compile the model for the training steps (a GPU's speed-up); the same "
+                            "numbers as without it, to float tolerance", resumable=True)
+    compile_mode: str = setting("default", "torch.compile's mode with --compile: 'default', 'reduce-overhead' "
+                                "(CUDA graphs) or 'max-autotune'", resumable=True, choices=COMPILE_MODES)
+    compile_backend: str = setting("inductor", "torch.compile's backend with --compile ('aot_eager': traced and "
+                                   "differentiated without generated code, as the CPU tests)", resumable=True)
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -80,6 +87,8 @@ class TrainConfig:
             raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"--schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"--compile-mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
         if self.anneal_by not in ANNEAL_BY:
             raise ValueError(f"--anneal-by must be one of {ANNEAL_BY}, got {self.anneal_by!r}")
         if self.anneal_by == "budget" and self.time_budget is None:
@@ -278,6 +287,9 @@ def train(
     if ctx.distributed:
         # find_unused_parameters: a memory read can skip parameters (e.g. HTM before its first chunk).
         ddp_model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    # the training steps run compiled (batches of many lengths: torch decides what is dynamic); the
+    # evaluations call the model itself
+    ddp_model = compiled(ddp_model, cfg.compile, cfg.compile_mode, cfg.compile_backend)
 
     history: list[dict[str, Any]] = []
     eval_bs = cfg.eval_batch_size or cfg.batch_size

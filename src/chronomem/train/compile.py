@@ -1,0 +1,27 @@
+"""``--compile``, shared by the supervised loop and PPO: a module under ``torch.compile``, or itself.
+
+The compiled module shares the original's parameters and attributes, so optimisers, checkpoints and
+resume see the original; only the calls that go through the returned module run compiled. Where a
+model's Python branches on a tensor's value, the graph breaks into pieces that run eagerly between the
+compiled ones (docs/rl.md "Compiled"), so every model compiles.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from chronomem.config import COMPILE_MODES
+
+
+def compiled(module: nn.Module, enabled: bool, mode: str = "default", backend: str = "inductor",
+             dynamic: bool | None = None) -> nn.Module:
+    """``torch.compile(module, mode=, backend=, dynamic=)`` if ``enabled``, else ``module``. ``mode``: one of
+    ``COMPILE_MODES`` ("reduce-overhead": CUDA graphs); ``backend``: ``"inductor"``, or ``"aot_eager"``
+    (traced and differentiated without generated code: the CPU tests); ``dynamic``: False where every
+    call has one of a few fixed shapes (PPO), None to let torch decide (padded batches of many lengths)."""
+    if not enabled:
+        return module
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
+    return torch.compile(module, backend=backend, mode=None if mode == "default" else mode, dynamic=dynamic)
