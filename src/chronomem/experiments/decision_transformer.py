@@ -15,8 +15,8 @@ The data:
   stacks, no sticky actions, as DT's evaluation env). Never run here.
 * ``quick`` (**a deviation**, no DQN-Replay offline): MinAtar's Breakout and Seaquest
   (``chronomem.envs.minatar``), a dataset per game recorded from chronomem's own PPO agent while it
-  learns: the agent (memoryless, ``mlp``) trains for ``record_frames`` frames and keeps
-  ``record_checkpoints`` checkpoints along the way; each of them plays an equal share of the
+  learns: the agent (memoryless, ``mlp``, a constant learning rate) trains for ``record_frames``
+  frames in ``record_checkpoints`` equal stages; after each stage it plays an equal share of the
   ``transitions`` (whole episodes, actions sampled), so the data mixes a poor policy with better ones,
   as DQN-Replay's 1% mixes the stages of a DQN's training ("suboptimal trajectories of a learned
   agent"). The dataset is recorded once per (game, settings, seed) and cached as npz under
@@ -139,8 +139,8 @@ def env_id(game: str, s: DTScale) -> str:
 def recording_settings(game: str, s: DTScale, seed: int) -> dict[str, Any]:
     return {"game": game, "env": env_id(game, s), "transitions": s.transitions, "record_frames": s.record_frames,
             "record_checkpoints": s.record_checkpoints, "record_envs": s.record_envs, "seed": seed,
-            "agent": f"ppo mlp, visual cells, width 64, {s.record_envs} envs x 128 steps, lr 1e-3, entropy 0.01, "
-                     "norm-adv"}
+            "agent": f"ppo mlp, visual cells, width 64, {s.record_envs} envs x 128 steps, lr 1e-3 constant, "
+                     "entropy 0.01, norm-adv, trained in stages"}
 
 
 def record_dataset(game: str, s: DTScale, seed: int, progress: bool = False):
@@ -161,41 +161,39 @@ def record_dataset(game: str, s: DTScale, seed: int, progress: bool = False):
 
 
 def _record(settings: dict[str, Any], progress: bool):
+    """Train the recording agent in ``record_checkpoints`` stages (each continuing the last, ``--resume``),
+    and after each let the agent of that stage play its share of the transitions."""
     import tempfile
 
     from chronomem.rl.ppo import Args, train
     from chronomem.tasks.trajectories import Trajectories
-    from chronomem.train.checkpoint import list_checkpoints
 
-    frames, k = settings["record_frames"], settings["record_checkpoints"]
-    per_update = settings["record_envs"] * 128
-    updates = max(1, frames // per_update)
+    k, envs = settings["record_checkpoints"], settings["record_envs"]
+    per_update = envs * 128
+    updates = max(k, settings["record_frames"] // per_update)
+    share = [settings["transitions"] // k + (i < settings["transitions"] % k) for i in range(k)]
+    episodes = []
     with tempfile.TemporaryDirectory() as run_dir:
-        envs = settings["record_envs"]
-        args = Args(env=settings["env"], core="mlp", visual="cells", dim=64, hidden=64, num_envs=envs, num_steps=128,
-                    num_minibatches=min(8, envs), update_epochs=4, lr=1e-3,
-                    ent_coef=0.01, norm_adv=True, total_frames=updates * per_update, seed=settings["seed"],
-                    checkpoint_every=max(1, updates // k), out=run_dir, progress=progress, torch_threads=1)
-        train(args)
-        checkpoints = list_checkpoints(Path(run_dir) / "checkpoints")[-k:]
-        n = len(checkpoints)  # k, unless the run is shorter than k updates
-        share = [settings["transitions"] // n + (i < settings["transitions"] % n) for i in range(n)]
-        episodes = []
-        for i, (checkpoint, quota) in enumerate(zip(checkpoints, share, strict=True)):
-            episodes += play(checkpoint, settings["env"], quota, seed=settings["seed"] * 1_000 + i)
+        for stage in range(k):
+            # a constant learning rate: each stage's total is the run's new total, which would restart a decay
+            args = Args(env=settings["env"], core="mlp", visual="cells", dim=64, hidden=64, num_envs=envs,
+                        num_steps=128, num_minibatches=min(8, envs), update_epochs=4, lr=1e-3, anneal_lr=False,
+                        ent_coef=0.01, norm_adv=True, total_frames=(stage + 1) * (updates // k) * per_update, seed=settings["seed"],
+                        out=run_dir, progress=progress, torch_threads=1)
+            agent = train(args, resume=run_dir if stage else None).agent
+            episodes += play(agent, settings["env"], share[stage], seed=settings["seed"] * 1_000 + stage)
     return Trajectories.from_episodes(episodes)
 
 
-def play(checkpoint: Path, env: str, transitions: int, seed: int, num_envs: int = 16) -> list[tuple]:
-    """Whole episodes of the agent at ``checkpoint`` (actions sampled), at least ``transitions`` steps:
+def play(agent, env: str, transitions: int, seed: int, num_envs: int = 16) -> list[tuple]:
+    """Whole episodes of ``agent`` (actions sampled), at least ``transitions`` steps:
     ``[(states [T, C, H, W] uint8, actions [T], rewards [T]), ...]``."""
     import torch
 
     from chronomem.envs.make import env_seeds, make_vector_env
     from chronomem.rl.acting import Acting, drawn
-    from chronomem.rl.evaluate import load_agent
 
-    agent, _, _ = load_agent(checkpoint, env)
+    agent.eval()
     envs = make_vector_env(env, num_envs)
     torch.manual_seed(seed)
     try:
