@@ -178,8 +178,8 @@ def _record(settings: dict[str, Any], progress: bool):
             # a constant learning rate: each stage's total is the run's new total, which would restart a decay
             args = Args(env=settings["env"], core="mlp", visual="cells", dim=64, hidden=64, num_envs=envs,
                         num_steps=128, num_minibatches=min(8, envs), update_epochs=4, lr=1e-3, anneal_lr=False,
-                        ent_coef=0.01, norm_adv=True, total_frames=(stage + 1) * (updates // k) * per_update, seed=settings["seed"],
-                        out=run_dir, progress=progress, torch_threads=1)
+                        ent_coef=0.01, norm_adv=True, total_frames=(stage + 1) * (updates // k) * per_update,
+                        seed=settings["seed"], out=run_dir, progress=progress, torch_threads=1)
             agent = train(args, resume=run_dir if stage else None).agent
             episodes += play(agent, settings["env"], share[stage], seed=settings["seed"] * 1_000 + stage)
     return Trajectories.from_episodes(episodes)
