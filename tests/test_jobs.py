@@ -1,6 +1,7 @@
 """``chronomem run EXPERIMENT --jobs K``: an experiment's independent runs in K processes of one torch
 thread each, writing the numbers a sequential run writes (``chronomem.experiments.jobs``)."""
 
+import dataclasses
 import json
 import os
 
@@ -164,3 +165,49 @@ def test_an_experiment_that_cannot_split_its_runs_refuses_more_jobs(tmp_path, mo
     with pytest.raises(ValueError, match="--jobs 2: sequential runs"):
         run_experiment(EXPERIMENTS["tour"], "smoke", tmp_path / "c", jobs=2, progress=False)
     assert calls == ["smoke"]
+
+
+CALLS: list = []
+
+
+@dataclasses.dataclass(frozen=True)
+class SquareJob:
+    value: int
+    progress: bool = True
+
+
+def square(job: SquareJob) -> dict:
+    CALLS.append(job.value)
+    return {"square": job.value**2, "pair": (job.value, -job.value)}
+
+
+def test_a_recorded_job_is_read_back_on_resume_only_for_the_same_job(tmp_path):
+    from chronomem.experiments.jobs import Recorded, run_recorded
+
+    CALLS.clear()
+    path = str(tmp_path / "runs" / "three.json")
+    first = run_recorded(Recorded(square, SquareJob(3), path))
+    assert first == {"square": 9, "pair": [3, -3]} and CALLS == [3]  # as JSON reads it back, tuples as lists
+    assert run_recorded(Recorded(square, SquareJob(3, progress=False), path, reuse=True)) == first
+    assert CALLS == [3]  # read back: progress is no part of the job
+    assert run_recorded(Recorded(square, SquareJob(4), path, reuse=True))["square"] == 16  # another job: run
+    assert run_recorded(Recorded(square, SquareJob(4), path))["square"] == 16  # without reuse: run again
+    assert CALLS == [3, 4, 4]
+    assert json.loads((tmp_path / "runs" / "three.json").read_text())["job"] == {"value": 4}
+
+
+def test_decision_transformer_resumes_from_its_recorded_runs(tmp_path, monkeypatch):
+    pytest.importorskip("minatar")
+    from chronomem.experiments import decision_transformer
+
+    monkeypatch.setenv("CHRONOMEM_CACHE", str(tmp_path / "cache"))
+    experiment = get_experiment("decision-transformer")
+    first = run_experiment(experiment, "smoke", tmp_path / "out", seed=0, progress=False)
+    assert len(list((tmp_path / "out" / "runs").rglob("seed0.json"))) == 2  # dt and dt-tlb
+
+    def not_again(run):
+        raise AssertionError(f"{run.model} trained again")
+
+    monkeypatch.setattr(decision_transformer, "train_and_play", not_again)
+    again = run_experiment(experiment, "smoke", tmp_path / "out", seed=0, progress=False, resume=True)
+    assert again["results"] == first["results"] and again["per_seed"] == first["per_seed"]

@@ -23,6 +23,9 @@ The data:
   ``$CHRONOMEM_CACHE/offline`` (default ``~/.cache/chronomem/offline``) with its settings beside it.
 * ``smoke``: seconds, for the tests.
 
+Each run's result (model, game, seed) is kept in ``OUT/runs`` when it ends; ``chronomem run
+decision-transformer --resume OUT`` reads those back and trains the others from their start.
+
 Settings from DT's Atari code: context K = 30 (50 for Pong), AdamW (betas 0.9, 0.95, weight decay 0.1
 on the weights of linear maps and convolutions), lr 6e-4 with a linear warm-up over 10,240 tokens then
 a cosine decay to 10%, gradients clipped at 1, dropout 0.1, batch 128 (512 for Pong), actions sampled
@@ -50,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from chronomem.experiments.base import Experiment, Scale, select_models
-from chronomem.experiments.jobs import SEQUENTIAL, Jobs
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs, Recorded, run_recorded
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
 
@@ -395,7 +398,7 @@ def random_returns(env: str, episodes: int, seed: int, max_steps: int) -> list[f
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None, time_budget: float | None = None,
-         data_dir: str | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+         data_dir: str | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL, resume: bool = False) -> dict:
     from chronomem.experiments.rl_runs import check_no_time_budget
 
     check_no_time_budget("decision-transformer", time_budget)
@@ -409,7 +412,10 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
                                              "max": round(float(data.episode_returns().max()), 2)}}
     runs = [DTRun(m, game, s, seed + k, seed, data_dir, progress) for m in chosen for game in s.games
             for k in range(s.seeds)]
-    done = iter(jobs.map(train_and_play, runs))
+    # each run's result is kept in OUT/runs as it ends; --resume reads back those of the same runs
+    done = iter(jobs.map(run_recorded, [
+        Recorded(train_and_play, run, str(Path(out) / "runs" / run.model / run.game / f"seed{run.seed}.json"), resume)
+        for run in runs]))
     results, per_seed, extra = {}, {}, {"datasets": datasets, "runs": {}}
     for m in chosen:
         results[m], per_seed[m] = {}, {}

@@ -109,3 +109,44 @@ def start_worker(threads: int) -> None:
 
     torch.set_num_threads(threads)
     sys.stderr = _Lines(sys.stderr)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A job whose result is kept: ``run_recorded`` writes ``function(job)``'s (JSON-able) result to ``path``
+    when it ends, beside the job's description; with ``reuse`` (``chronomem run --resume``) a result already
+    there for the same job is read back instead of running it again. For experiments whose runs are
+    short enough to redo whole: an interrupted call loses only the runs under way."""
+
+    function: Callable[[Any], Any]
+    job: Any
+    path: str
+    reuse: bool = False
+
+
+def described(job: Any) -> dict:
+    """What identifies a job: its fields, without how it shows its progress."""
+    import dataclasses
+    import json
+
+    fields = {k: v for k, v in dataclasses.asdict(job).items() if k != "progress"}
+    return json.loads(json.dumps(fields, default=str))
+
+
+def run_recorded(recorded: Recorded) -> Any:
+    """``recorded.function(recorded.job)``, or the result recorded for the same job (``Recorded``)."""
+    import json
+    from pathlib import Path
+
+    from chronomem.experiments.base import write_json_atomic
+    from chronomem.report import json_default
+
+    path, job = Path(recorded.path), described(recorded.job)
+    if recorded.reuse and path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("job") == job:
+            return saved["result"]
+    result = json.loads(json.dumps(recorded.function(recorded.job), default=json_default))  # as it reads back
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"job": job, "result": result})
+    return result

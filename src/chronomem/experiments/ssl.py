@@ -27,8 +27,9 @@ Scales (fixed step counts):
 * ``smoke``: seconds, for the tests.
 
 Deviations: the probe learns from cached features without augmentation; the authors train it with
-DeiT's augmentations, drop-path on and the backbone in train mode. Runs are not resumable yet. The
-rest is ``chronomem.sit``'s (a CPU-sized encoder, no EMA).
+DeiT's augmentations, drop-path on and the backbone in train mode. The rest is ``chronomem.sit``'s (a
+CPU-sized encoder, no EMA). Each run's result is kept in ``OUT/runs`` when it ends; ``chronomem run ssl
+--resume OUT`` reads those back and trains the others from their start.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from chronomem.experiments.base import Experiment, Scale, select_models
-from chronomem.experiments.jobs import SEQUENTIAL, Jobs
+from chronomem.experiments.jobs import SEQUENTIAL, Jobs, Recorded, run_recorded
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
 
@@ -206,7 +207,7 @@ def pretrain_and_probe(run: SSLRun) -> dict[str, Any]:
 
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None, time_budget: float | None = None,
-         data_dir: str | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL) -> dict:
+         data_dir: str | None = None, progress: bool = True, jobs: Jobs = SEQUENTIAL, resume: bool = False) -> dict:
     from chronomem.experiments.rl_runs import check_no_time_budget
     from chronomem.tasks.images import load_dataset
 
@@ -215,7 +216,10 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     chosen = select_models(MODELS, models, "ssl")
     load_dataset(s.dataset, data_dir)  # a missing file stops the experiment before anything trains
     runs = [SSLRun(m, s, seed + k, data_dir, progress) for m in chosen for k in range(s.seeds)]
-    done = iter(jobs.map(pretrain_and_probe, runs))
+    # each run's result is kept in OUT/runs as it ends; --resume reads back those of the same runs
+    done = iter(jobs.map(run_recorded, [
+        Recorded(pretrain_and_probe, run, str(Path(out) / "runs" / run.model / f"seed{run.seed}.json"), resume)
+        for run in runs]))
     results, per_seed, extra = {}, {}, {"runs": {}}
     for m in chosen:
         rows = [next(done) for _ in range(s.seeds)]
