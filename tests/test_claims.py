@@ -14,6 +14,7 @@ from chronomem.experiments import (
     babyai,
     ballet_rl,
     base,
+    decision_transformer,
     htm,
     images,
     listops,
@@ -457,8 +458,9 @@ def produced_at(name: str, scale: str) -> dict[str, set[str]]:
         return table(("htm", "transformer"), ("length 3", "direct (A -> B)"))
     if name == "listops":
         return table(listops.SCALES[scale].models, ["accuracy"])
-    if name == "listops-length":
-        return table(listops.SCALES[scale].models, [f"x{k}" for k in listops.FACTORS])
+    if name in ("listops-length", "listops-length-easy"):
+        scales = listops.SCALES if name == "listops-length" else listops.EASY_SCALES
+        return table(scales[scale].models, [f"x{k}" for k in listops.FACTORS])
     if name in ("resolution-transfer", "resolution-transfer-learned"):  # one table, two position schemes
         s = images.SCALES[scale]
         several = len(s.datasets) > 1
@@ -483,6 +485,9 @@ def produced_at(name: str, scale: str) -> dict[str, set[str]]:
         return table(s.models, [f"d{d}" for d in s.distractors])
     if name == "ssl":
         return table(ssl.MODELS, [ssl.setting(p) for p in ssl.SCALES[scale].probe_at])
+    if name == "decision-transformer":
+        s = decision_transformer.SCALES[scale]
+        return table(decision_transformer.MODELS, [decision_transformer.setting_name(g, s) for g in s.games])
     raise KeyError(name)
 
 
@@ -499,7 +504,7 @@ def problems(claim: Claim, produced: dict[str, set[str]]) -> list[str]:
 
 CLAIMED = ("copy-baselines", "transfer-copy", "denoise", "ballet", "pai", "listops", "listops-length",
            "resolution-transfer", "resolution-transfer-learned", "lm", "minigrid-transfer", "ballet-rl", "babyai",
-           "babyai-multi", "popgym", "visual-match", "ssl")
+           "babyai-multi", "popgym", "visual-match", "ssl", "decision-transformer", "listops-length-easy")
 
 
 @pytest.mark.parametrize("name", CLAIMED)

@@ -21,6 +21,7 @@ ALL_SCALES = {
     "transfer-copy": relevance.TRANSFER_SCALES, "denoise": relevance.DENOISE_SCALES, "lm": lm.SCALES,
     "resolution-transfer": resolution.SCALES,  # its smoke run needs data: tests/test_images.py writes some
     "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES, "ssl": ssl.SCALES, "decision-transformer": dt.SCALES,
+    "listops-length-easy": listops.EASY_SCALES,
 }
 FAST = ("copy-baselines", "ballet", "pai", "listops")  # smoke runs of about a second each
 

@@ -316,7 +316,7 @@ def test_paper_scale_models_are_configured_as_their_sources():
         assert net.backbone.dim == width
         logits, _ = net(batch.inputs, mask=batch.mask)
         assert logits.shape == (2, 10) and torch.isfinite(logits).all()
-        cfg = exp.train_config("paper", 0, model)
+        cfg = exp.train_config(s, 0, model)
         lr = make_scheduler(make_optimizer(net, cfg), cfg).lr_lambdas[0]
         if base_lr is None:  # paper 002 Table 2: AdamW 4e-4, linear decay
             assert (cfg.lr, cfg.schedule, cfg.weight_decay) == (4e-4, "linear", 0.0)
@@ -332,3 +332,20 @@ def test_paper_scale_models_are_configured_as_their_sources():
     tlb = build_model("tlb", task, **exp.model_options("tlb", s)).backbone.config
     assert tlb == type(tlb).authors()  # the authors' preset at their ListOps sizes
     assert exp.model_options("transformer", s)["depth"] == 4  # base_listops_config.py: num_layers 4
+
+
+def test_the_easy_length_test_nests_at_most_three_deep_and_otherwise_keeps_listops_settings():
+    import dataclasses
+
+    from chronomem.experiments import listops as exp
+    from chronomem.tasks.listops import decode, depth, parse
+
+    for name, easy in exp.EASY_SCALES.items():
+        same = dataclasses.replace(easy, max_depth=exp.SCALES[name].max_depth, steps=exp.SCALES[name].steps)
+        assert same == exp.SCALES[name] and easy.max_depth == 3
+    task = exp.make_task(exp.EASY_SCALES["smoke"], seed=0)
+    ids, _ = task.split("test")
+    depths = [depth(parse(decode(x))) for x in ids]
+    assert max(depths) == 3 and min(depths) >= 1
+    lra = exp.make_task(exp.SCALES["smoke"], seed=0)
+    assert max(depth(parse(decode(x))) for x in lra.split("test")[0]) > 3  # the usual data nests deeper
