@@ -270,14 +270,16 @@ def train_and_play(run: DTRun) -> dict[str, Any]:
     import torch
 
     from chronomem.progress import Progress
+    from chronomem.train.distributed import default_device
 
     s = run.scale
+    device = default_device()
     data = load_data(run.game, s, run.data_seed, run.data_dir, False)
     returns, steps = data.returns_to_go(), data.steps()
     context, batch = s.context_of(run.game), s.batch_of(run.game)
     torch.manual_seed(run.seed)
     model = build_model(run.model, run.game, s, data.states.shape[1:], int(data.actions.max()) + 1,
-                        int(steps.max()))
+                        int(steps.max())).to(device)
     optimizer = torch.optim.AdamW(model.param_groups(s.weight_decay), lr=s.lr, betas=s.betas, foreach=True)
     generator = np.random.default_rng(run.seed)
     final_tokens = 2 * len(data) * context * 3  # DT's: about 6 epochs' worth, so 5 never reach the floor
@@ -285,7 +287,7 @@ def train_and_play(run: DTRun) -> dict[str, Any]:
     start, loss = time.perf_counter(), float("nan")
     model.train()
     for step in range(1, s.steps + 1):
-        w = data.windows(batch, context, generator, returns, steps)
+        w = data.windows(batch, context, generator, returns, steps).to(device)
         for group in optimizer.param_groups:
             group["lr"] = s.lr * lr_factor((step - 1) * batch * context, s, final_tokens)
         out = model.loss(w.states, w.actions, w.returns, w.timestep, w.mask)
@@ -317,28 +319,30 @@ def play_dt(model, env: str, target: float, episodes: int, seed: int, max_steps:
     envs = make_atari_env(env, episodes) if clip else make_vector_env(env, episodes)
     model.eval()
     torch.manual_seed(seed)
-    k = model.context
+    k, device = model.context, next(model.parameters()).device
     try:
         obs, _ = envs.reset(seed=env_seeds(seed, 0, episodes))
-        states, actions, rtg = [observation_states(obs)], [], [torch.full((episodes,), float(target))]
+        states, actions = [observation_states(obs).to(device)], []
+        rtg = [torch.full((episodes,), float(target), device=device)]
         scores, over = np.zeros(episodes), np.zeros(episodes, dtype=bool)
         for t in range(max_steps):
             first = t + 1 - len(states)  # the step of the window's first state
-            taken_actions = torch.stack(actions, 1) if actions else torch.zeros(episodes, 0, dtype=torch.long)
+            taken_actions = (torch.stack(actions, 1) if actions else
+                             torch.zeros(episodes, 0, dtype=torch.long, device=device))
             with torch.no_grad():
                 logits = model(torch.stack(states, 1), taken_actions, torch.stack(rtg, 1),
-                               torch.full((episodes,), first, dtype=torch.long))[:, -1]
+                               torch.full((episodes,), first, dtype=torch.long, device=device))[:, -1]
             action = torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
-            obs, reward, terminated, truncated, _ = envs.step(action.numpy())
+            obs, reward, terminated, truncated, _ = envs.step(action.cpu().numpy())
             reward = np.asarray(reward, dtype=np.float64)
             scores += np.where(over, 0.0, reward)
             over |= terminated | truncated
             if over.all():
                 break
             taken = np.clip(reward, -1.0, 1.0) if clip else reward
-            states.append(observation_states(obs))
+            states.append(observation_states(obs).to(device))
             actions.append(action)
-            rtg.append(rtg[-1] - torch.as_tensor(taken, dtype=torch.float32))
+            rtg.append(rtg[-1] - torch.as_tensor(taken, dtype=torch.float32, device=device))
             if len(states) > k:  # the window: the last K states, the K - 1 actions between them
                 states, rtg = states[-k:], rtg[-k:]
                 actions = actions[len(actions) - (k - 1):]
