@@ -288,3 +288,23 @@ def test_a_smoke_run_records_its_data_once_and_gives_the_same_table_twice(tmp_pa
     saved = json.loads((tmp_path / "a" / "results.json").read_text())
     assert saved["extra"]["datasets"]["MinAtar Breakout"]["transitions"] >= 300
     assert not math.isnan(saved["extra"]["random_return"]["MinAtar Breakout"])
+
+
+def test_the_paper_scale_plays_atari_as_dt_does_where_ale_is_installed():
+    pytest.importorskip("ale_py")  # not in chronomem's extras: skipped without it (docs/offline_rl.md)
+    pytest.importorskip("cv2")
+    from chronomem.experiments.decision_transformer import make_atari_env, observation_states, play_dt
+
+    envs = make_atari_env("ALE/Breakout-v5", 2)
+    try:
+        obs, _ = envs.reset(seed=[0, 1])
+        states = observation_states(obs)
+        assert states.shape == (2, 4, 84, 84) and states.dtype == torch.uint8  # 4 grey 84 x 84 frames
+    finally:
+        envs.close()
+    torch.manual_seed(0)
+    core = build_backbone("tlb", dim=16, depth=1, num_heads=2, causal=True, chunk_size=6, num_state=2,
+                          self_per_cross=1)
+    dt = DecisionTransformer(core, 4, (4, 84, 84), context=5, max_timestep=100)
+    scores = play_dt(dt, "ALE/Breakout-v5", 90.0, 2, seed=0, max_steps=30)
+    assert len(scores) == 2 and all(s >= 0 for s in scores)
