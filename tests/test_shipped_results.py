@@ -14,7 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from chronomem.experiments import babyai, ballet_rl, htm, images, listops, lm, minigrid, popgym, relevance, ssl
+from chronomem.experiments import (
+    babyai,
+    ballet_rl,
+    decision_transformer,
+    htm,
+    images,
+    listops,
+    lm,
+    minigrid,
+    popgym,
+    relevance,
+    ssl,
+)
 from chronomem.experiments import copy_baselines as copy
 
 MEASURED = Path(__file__).resolve().parent.parent / "docs" / "measured"
@@ -27,6 +39,7 @@ SCALE_TABLES = {
     "resolution-transfer-learned": images.SCALES,
     "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES, "ballet-rl": ballet_rl.SCALES,
     "popgym": popgym.SCALES, "minigrid-transfer": minigrid.SCALES, "ssl": ssl.SCALES,
+    "decision-transformer": decision_transformer.SCALES, "listops-length-easy": listops.EASY_SCALES,
 }
 MISSING = "(not recorded)"
 
