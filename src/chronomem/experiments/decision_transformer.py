@@ -313,10 +313,10 @@ def play_dt(model, env: str, target: float, episodes: int, seed: int, max_steps:
     (DQN-Replay), so that it stays in the data's units (DT's evaluation takes off the raw reward)."""
     import torch
 
-    from chronomem.envs.make import env_seeds, make_vector_env
+    from chronomem.envs.make import env_seeds
 
     clip = env.startswith("ALE/")
-    envs = make_atari_env(env, episodes) if clip else make_vector_env(env, episodes)
+    envs = evaluation_envs(env, episodes)
     model.eval()
     torch.manual_seed(seed)
     k, device = model.context, next(model.parameters()).device
@@ -361,6 +361,13 @@ def observation_states(obs):
     return torch.as_tensor(np.asarray(obs))
 
 
+def evaluation_envs(env: str, num_envs: int):
+    """``num_envs`` copies of ``env`` for scoring: Atari as DT plays it (``make_atari_env``), MinAtar as made."""
+    from chronomem.envs.make import make_vector_env
+
+    return make_atari_env(env, num_envs) if env.startswith("ALE/") else make_vector_env(env, num_envs)
+
+
 def make_atari_env(env: str, num_envs: int):
     """``num_envs`` ALE games as DT's evaluation plays them (module docstring), same-step autoreset."""
     import gymnasium as gym
@@ -382,9 +389,9 @@ def make_atari_env(env: str, num_envs: int):
 
 def random_returns(env: str, episodes: int, seed: int, max_steps: int) -> list[float]:
     """The return of a uniformly random policy in each of ``episodes`` episodes (the table's chance row)."""
-    from chronomem.envs.make import env_seeds, make_vector_env
+    from chronomem.envs.make import env_seeds
 
-    envs = make_atari_env(env, episodes) if env.startswith("ALE/") else make_vector_env(env, episodes)
+    envs = evaluation_envs(env, episodes)
     generator = np.random.default_rng(seed)
     try:
         envs.reset(seed=env_seeds(seed, 0, episodes))
