@@ -63,6 +63,23 @@ def test_lengths_depth_and_arguments(examples):
     assert {op for t, _ in examples for op in lo.to_tokens(t) if op.startswith("[")} == set(lo.OPERATORS)
 
 
+def test_operators_restrict_the_draw_and_keep_the_default_stream(tmp_path):
+    two = lo.generate(60, 10, 60, seed=3, operators=(lo.MIN, lo.SM))
+    assert {op for t, _ in two for op in lo.to_tokens(t) if op.startswith("[")} == {lo.MIN, lo.SM}
+    assert all(label == lo.evaluate(lo.to_tokens(t)) for t, label in two)
+    assert lo.generate(20, 10, 50, seed=5, operators=lo.OPERATORS) == lo.generate(20, 10, 50, seed=5)
+    task = ListOpsTask(min_length=10, max_length=60, num_train=8, num_val=4, num_test=4, operators=[lo.MAX])
+    assert task.describe()["operators"] == [lo.MAX]
+    assert {t for x in task.split("train")[0] for t in lo.decode(x) if t.startswith("[")} == {lo.MAX}
+    sizes = dict(min_length=10, max_length=60, num_train=8, num_val=4, num_test=4, cache_dir=str(tmp_path))
+    ListOpsTask(**sizes).split("train")
+    cached = ListOpsTask(**sizes, operators=(lo.MAX,)).split("train")[0]  # not the four-operator files
+    assert {t for x in cached for t in lo.decode(x) if t.startswith("[")} == {lo.MAX}
+    for bad in ("[MAX", (), (lo.MAX, lo.MAX), ("[ADD",)):
+        with pytest.raises(ValueError, match="operators"):
+            ListOpsTask(operators=bad)
+
+
 def test_lra_source_text_and_tokenisation():
     tree = ("[MAX", (2, 9, ("[MIN", (4, 7))))
     assert lo.to_source(("[MAX", (2, 9))) == "( ( ( [MAX 2 ) 9 ) ] )"
@@ -334,18 +351,21 @@ def test_paper_scale_models_are_configured_as_their_sources():
     assert exp.model_options("transformer", s)["depth"] == 4  # base_listops_config.py: num_layers 4
 
 
-def test_the_easy_length_test_nests_at_most_three_deep_and_otherwise_keeps_listops_settings():
+def test_the_easy_length_test_draws_min_and_max_at_most_three_deep_and_otherwise_keeps_listops_settings():
     import dataclasses
 
     from chronomem.experiments import listops as exp
     from chronomem.tasks.listops import decode, depth, parse
 
     for name, easy in exp.EASY_SCALES.items():
-        same = dataclasses.replace(easy, max_depth=exp.SCALES[name].max_depth, steps=exp.SCALES[name].steps)
-        assert same == exp.SCALES[name] and easy.max_depth == 3
+        assert (easy.max_depth, easy.max_args, easy.operators) == (3, 5, (lo.MIN, lo.MAX))
+        base = exp.SCALES["quick" if name == "paper" else name]
+        same = dataclasses.replace(easy, max_depth=base.max_depth, max_args=base.max_args, operators=base.operators,
+                                   data=base.data, segment=base.segment, memory=base.memory, steps=base.steps)
+        assert same == base
     task = exp.make_task(exp.EASY_SCALES["smoke"], seed=0)
-    ids, _ = task.split("test")
-    depths = [depth(parse(decode(x))) for x in ids]
-    assert max(depths) == 3 and min(depths) >= 1
+    trees = [parse(decode(x)) for x in task.split("test")[0]]
+    assert max(depth(t) for t in trees) == 3 and all(n <= 5 for t in trees for n in lo.arities(t))
+    assert {op for t in trees for op in lo.to_tokens(t) if op.startswith("[")} == {lo.MIN, lo.MAX}
     lra = exp.make_task(exp.SCALES["smoke"], seed=0)
     assert max(depth(parse(decode(x))) for x in lra.split("test")[0]) > 3  # the usual data nests deeper

@@ -215,14 +215,15 @@ class _TooLong(Exception):
 
 
 def generate_tree(
-    rng: random.Random, max_depth: int = 10, max_args: int = 10, max_length: int | None = None
+    rng: random.Random, max_depth: int = 10, max_args: int = 10, max_length: int | None = None,
+    operators: Sequence[str] = OPERATORS,
 ) -> tuple[Tree | None, int, int]:
     """One random expression with the LRA rules: ``(tree, length, value)``.
 
     The value is computed bottom-up while the tree grows (not by re-reading it with ``evaluate``). With
     ``max_length`` the draw stops as soon as the length reaches it and ``None`` is returned for the
     tree: an expression that long would be rejected anyway, so the accepted ones keep LRA's
-    distribution.
+    distribution. ``operators`` (default LRA's four) are the ones drawn from, uniformly.
     """
     length = 0
 
@@ -235,7 +236,7 @@ def generate_tree(
                 raise _TooLong
             v = rng.randrange(10)
             return v, v
-        op = rng.choice(OPERATORS)
+        op = rng.choice(operators)
         length += 2  # the operator token and its closing ']'
         children = [grow(level + 1) for _ in range(rng.randint(2, max_args))]
         return (op, tuple(c[0] for c in children)), apply(op, [c[1] for c in children])
@@ -258,6 +259,7 @@ def generate(
     max_args: int = 10,
     exclude: set | None = None,
     max_tries: int | None = None,
+    operators: Sequence[str] = OPERATORS,
 ) -> list[tuple[Tree, int]]:
     """``num`` distinct expressions with ``min_length < length < max_length`` (LRA's strict bounds).
 
@@ -266,7 +268,7 @@ def generate(
     with the new ones. Returns ``[(tree, label)]``.
     """
     return [(tree, value) for tree, value, _ in draw(num, min_length, max_length, seed, max_depth, max_args,
-                                                     exclude, max_tries)]
+                                                     exclude, max_tries, operators)]
 
 
 def draw(
@@ -278,6 +280,7 @@ def draw(
     max_args: int = 10,
     exclude: set | None = None,
     max_tries: int | None = None,
+    operators: Sequence[str] = OPERATORS,
 ) -> Iterator[tuple[Tree, int, np.ndarray]]:
     """``generate`` one expression at a time: yields ``(tree, label, token ids)``, the same expressions in
     the same order. A caller that keeps only the ids (uint8, one byte a token) holds a data set in a
@@ -285,6 +288,7 @@ def draw(
     _check_lengths(min_length, max_length)
     if max_depth < 1 or max_args < 2:
         raise ValueError(f"need max_depth >= 1 and max_args >= 2, got {max_depth}, {max_args}")
+    operators = check_operators(operators)
     rng = random.Random(seed if isinstance(seed, int) else _stable_int(seed))
     # Keys are bytes, not tuples of token strings: each token of such a tuple is its own str object
     # (``to_tokens`` calls ``str``), about 50 bytes a token against 1 here.
@@ -297,7 +301,7 @@ def draw(
                 f"found only {found} of {num} ListOps expressions with {min_length} < length < "
                 f"{max_length} after {limit} draws; widen the length range or raise max_depth"
             )
-        tree, length, value = generate_tree(rng, max_depth, max_args, max_length)
+        tree, length, value = generate_tree(rng, max_depth, max_args, max_length, operators)
         if tree is None or length <= min_length:
             continue
         ids = encode(to_tokens(tree))
@@ -320,6 +324,14 @@ def augment(tokens: Sequence[str], k: int) -> list[str]:
         raise ValueError(f"augment factor k must be a positive integer, got {k!r}")
     tokens = list(tokens)
     return tokens if k == 1 else [MAX] + tokens * k + [END]
+
+
+def check_operators(operators: Sequence[str]) -> tuple[str, ...]:
+    """``operators`` as a tuple of distinct names from ``OPERATORS``; anything else raises ``ValueError``."""
+    if isinstance(operators, str) or not operators or len(set(operators)) != len(operators) \
+            or any(op not in OPERATORS for op in operators):
+        raise ValueError(f"operators must be distinct names from {OPERATORS}, got {operators!r}")
+    return tuple(operators)
 
 
 def _check_lengths(min_length: int, max_length: int) -> None:
@@ -441,6 +453,7 @@ class ListOpsTask(Task):
         augment: int = 1,
         max_depth: int = 10,
         max_args: int = 10,
+        operators: Sequence[str] = OPERATORS,
         cache_dir: str | None = None,
         progress: bool = True,
     ):
@@ -455,6 +468,7 @@ class ListOpsTask(Task):
         self.sizes = {"train": num_train, "val": num_val, "test": num_test}
         self.seed, self.augment = seed, augment
         self.max_depth, self.max_args = max_depth, max_args
+        self.operators = check_operators(operators)
         self.data_dir = None if data_dir is None else str(data_dir)
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.progress = progress  # not in describe(): it changes no data
@@ -491,7 +505,8 @@ class ListOpsTask(Task):
     def _cache_path(self, split: str) -> Path | None:
         if self.cache_dir is None:
             return None
-        key = (f"{self.min_length}-{self.max_length}-d{self.max_depth}-a{self.max_args}-s{self.seed}-"
+        ops = "" if self.operators == OPERATORS else "-" + "".join(op[1:].lower() for op in self.operators)
+        key = (f"{self.min_length}-{self.max_length}-d{self.max_depth}-a{self.max_args}{ops}-s{self.seed}-"
                f"{self.sizes['test']}-{self.sizes['val']}-{self.sizes['train']}")
         return Path(self.cache_dir) / f"listops-{key}-{split}.tsv"
 
@@ -509,7 +524,8 @@ class ListOpsTask(Task):
         # Only the token ids are kept: the LRA training set's trees would take gigabytes.
         with _tsv_rows(cache) as write:
             for tree, value, encoded in draw(self.sizes[split], self.min_length, self.max_length, seed,
-                                             self.max_depth, self.max_args, exclude=self._exclude):
+                                             self.max_depth, self.max_args, exclude=self._exclude,
+                                             operators=self.operators):
                 write(tree, value)
                 ids.append(encoded)
                 labels.append(value)
@@ -565,7 +581,8 @@ class ListOpsTask(Task):
             "name": self.name, "min_length": self.min_length, "max_length": self.max_length,
             "num_train": self.sizes["train"], "num_val": self.sizes["val"], "num_test": self.sizes["test"],
             "seed": self.seed, "data_dir": self.data_dir, "augment": self.augment,
-            "max_depth": self.max_depth, "max_args": self.max_args, "cache_dir": self.cache_dir,
+            "max_depth": self.max_depth, "max_args": self.max_args, "operators": list(self.operators),
+            "cache_dir": self.cache_dir,
         }
 
 
