@@ -177,3 +177,37 @@ def test_ppo_with_a_reward_part_learns_two_returns_whose_sum_is_the_reward():
     assert int((rest[:, :35] > 0).sum(1).max()) <= 1 and int((rest[:, 35:] > 0).sum(1).max()) <= 1
     result = train(args)
     assert result.frames == 560 and all(torch.isfinite(p).all() for p in result.agent.parameters())
+
+
+class _Walker:
+    """An agent that always takes one action (for benchmarks/visual_match_cases.py's counts)."""
+
+    def __init__(self, action: int):
+        self.action = action
+
+    def initial_state(self, batch_size):
+        return None
+
+    def __call__(self, obs, state):
+        import torch
+
+        logits = torch.full((1, 1, 4), -1e9)
+        logits[..., self.action] = 0.0
+        return logits, None, state
+
+
+def test_visual_match_cases_counts_right_wrong_and_no_square():
+    from tests.helpers import load_benchmark
+
+    cases = load_benchmark("visual_match_cases")
+    env_id = visual_match_id("passive", 5, control=True)
+    # walking north from the reward room's start reaches the middle square: right in the 6 cases whose
+    # target it is, wrong in the other 12; walking south touches nothing
+    north = cases.play_cases(_Walker(0), env_id, episodes=2, greedy=True)
+    assert north["total"] == {"right": 12, "wrong": 24, "none": 0}
+    assert all(c == ({"right": 2, "wrong": 0, "none": 0} if name.endswith("target 1") else
+                     {"right": 0, "wrong": 2, "none": 0}) for name, c in north["cases"].items())
+    assert cases.play_cases(_Walker(1), env_id, episodes=1, greedy=False)["total"] == {"right": 0, "wrong": 0,
+                                                                                        "none": 18}
+    with pytest.raises(ValueError, match="--env"):
+        cases.play_cases(_Walker(0), key_to_door_id(5), episodes=1, greedy=True)
