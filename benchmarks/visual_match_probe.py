@@ -23,7 +23,8 @@ BASE = dict(dim=64, depth=1, hidden=64, visual="cells", num_envs=16, num_steps=1
             update_epochs=4, lr=1e-3, ent_coef=0.01, norm_adv=True)
 
 
-def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: int, frames: int, seed: int) -> dict:
+def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: int, frames: int, seed: int,
+          out: str | None = None) -> dict:
     import gymnasium as gym
     import torch
 
@@ -38,7 +39,7 @@ def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: in
                  vector_entry_point="chronomem.envs.tvt_vector:TVTVectorEnv",
                  kwargs={"mode": "passive", "distractor": distractor, "control": True, **env_changes})
     settings = {**BASE, "stop_success": 0.9, **changes}  # stop_success=None: the whole run
-    args = Args(env=env_id, core=core, **settings, total_frames=frames, seed=seed, progress=False, log_every=1)
+    args = Args(env=env_id, core=core, **settings, total_frames=frames, seed=seed, progress=False, log_every=1, out=out)
     start = time.perf_counter()
     result = train(args)
     rows = [row for row in result.history if "success_rate" in row]
@@ -63,6 +64,8 @@ def main(argv=None) -> None:
     parser.add_argument("--frames", type=int, default=400_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jsonl", help="append the record to this file")
+    parser.add_argument("--out", help="keep the run (config, metrics, final checkpoint) in this new directory, e.g. "
+                                      "for benchmarks/visual_match_cases.py")
     args = parser.parse_intermixed_args(argv)
     changes, env_changes = {}, {}
     for pair in args.changes:
@@ -71,7 +74,7 @@ def main(argv=None) -> None:
             parser.error(f"changes must be KEY=VALUE, got {pair!r}")
         target = env_changes if key.startswith("env.") else changes
         target[key.removeprefix("env.")] = ast.literal_eval(value)
-    record = probe(args.name, args.core, changes, env_changes, args.distractor, args.frames, args.seed)
+    record = probe(args.name, args.core, changes, env_changes, args.distractor, args.frames, args.seed, args.out)
     print(json.dumps(record))
     if args.jsonl:
         with open(Path(args.jsonl), "a") as f:

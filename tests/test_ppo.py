@@ -2,6 +2,7 @@
 same-step autoreset and truncation bootstrap, a memory task solved, resume, and bad input."""
 
 import csv
+import math
 import re
 
 import numpy as np
@@ -294,6 +295,10 @@ def test_stall_watch_needs_a_low_kl_streak_and_a_flat_return():
     rising = StallWatch(updates=4, kl=1e-4)  # a low KL while the return climbs is learning, not a stall
     assert not any(rising.step(1e-5, [r, r + 0.01]) for r in (0.0, 0.0, 1.0, 1.0))
     assert not StallWatch(updates=0, kl=1e-4).step(0.0, [])
+    # a converged policy (entropy below half of log 4) is not stalled, however still; near uniform, it is
+    solved = StallWatch(updates=4, kl=1e-4, max_entropy=math.log(4))
+    assert not any(solved.step(0.0, [1.0, 1.0], entropy=0.01) for _ in range(8))
+    assert [solved.step(0.0, [1.0, 1.0], entropy=1.3) for _ in range(4)] == [False, False, False, True]
 
 
 def test_a_stalled_run_says_so_once_in_the_progress_and_in_metrics(tmp_path, capsys):

@@ -194,21 +194,25 @@ class StallWatch:
     """Says once when the policy has stopped moving (``Args.stall_updates``, ``Args.stall_kl``).
 
     Stalled: for ``updates`` updates in a row the approximate KL between the acting and the updated
-    policy stayed below ``kl``, and the training return has not moved: the mean return of the episodes
-    that ended in the second half of those updates is within two standard errors of the first half's
-    (or either half ended fewer than two episodes). The entropy cannot tell: a policy can sit just below
-    its maximum while every update moves it less and less (docs/rl.md, "The stall warning")."""
+    policy stayed below ``kl`` while the policy kept at least half of its largest entropy
+    (``max_entropy``, log of the action count; None: not checked), and the training return has not moved:
+    the mean return of the episodes that ended in the second half of those updates is within two standard
+    errors of the first half's (or either half ended fewer than two episodes). The entropy alone cannot
+    tell: a policy can sit just below its maximum while every update moves it less and less. Without it a
+    converged policy (nearly deterministic, its return at the task's best) looked stalled (docs/rl.md,
+    "The stall warning")."""
 
-    def __init__(self, updates: int, kl: float):
-        self.updates, self.kl = updates, kl
+    def __init__(self, updates: int, kl: float, max_entropy: float | None = None):
+        self.updates, self.kl, self.max_entropy = updates, kl, max_entropy
         self.streak: list[list[float]] = []  # the returns of the episodes ended in each update of the streak
         self.warned = False
 
-    def step(self, approx_kl: float, returns: list[float]) -> bool:
+    def step(self, approx_kl: float, returns: list[float], entropy: float | None = None) -> bool:
         """Record one update; True once, at the update where the stall is first seen."""
         if self.warned or not self.updates:
             return False
-        if not approx_kl < self.kl:
+        converged = entropy is not None and self.max_entropy is not None and entropy < self.max_entropy / 2
+        if converged or not approx_kl < self.kl:
             self.streak = []
             return False
         self.streak = [*self.streak, returns][-self.updates:]
@@ -575,7 +579,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
-        stall = StallWatch(args.stall_updates, args.stall_kl)
+        stall = StallWatch(args.stall_updates, args.stall_kl, max_entropy=math.log(envs.single_action_space.n))
         history: list[dict[str, Any]] = []
         update = frames // frames_per_update
         saved_update = update if restored is not None else None
@@ -603,7 +607,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             window += ended
             outcomes += succeeded
             # one rank's view (its KL and episodes): a stall is a property of the shared weights
-            stalled = stall.step(stats["approx_kl"], [r for r, _ in ended])
+            stalled = stall.step(stats["approx_kl"], [r for r, _ in ended], stats["entropy"])
             if stalled:
                 reporter.note(stall.message(update, frames))
             seconds = seconds_before + time.perf_counter() - start
