@@ -118,6 +118,9 @@ CONTROLS = {
         grid={"16x128 (starter)": STARTER,
               "16x128 raw advantages": {**STARTER, "norm_adv": False},
               "16x128, apples learned apart": {**STARTER, "reward_part": "apple_reward"},
+              "16x128, apples learned apart, 8 epochs": {**STARTER, "reward_part": "apple_reward", "update_epochs": 8},
+              "16x128, apples learned apart, 8 epochs, no reconstruction (visual-match quick)": {
+                  **STARTER, "reward_part": "apple_reward", "update_epochs": 8, "reconstruction": 0.0},
               "16x128 ent 1e-3": {**STARTER, "ent_coef": 1e-3},
               "32x128": {**STARTER, "num_envs": 32}},
         stop_return=None, stop_success=0.9, max_frames=1_200_000,

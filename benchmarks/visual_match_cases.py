@@ -8,7 +8,7 @@ cases shows them here (docs/rl.md, "Visual Match": the memoryless control's 77-8
     python benchmarks/visual_match_cases.py RUN [--episodes 10] [--greedy] [--env ID]
 
 RUN is a PPO run directory (its newest checkpoint) or one of its checkpoints, e.g.
-``docs/measured/visual-match/quick-run/control/mlp-seed1``. Passive, symbolic envs only (the squares are
+``docs/measured/visual-match/quick-run-reconstruction/control/mlp-seed1``. Passive, symbolic envs only (the squares are
 read off the whole board).
 """
 
