@@ -130,13 +130,11 @@ SCALES = {
                           seeds=3, own=("transformer", "tlb")),
 }
 
-# listops-length-easy: the length test on a ListOps that quick's models learn. At LRA's depth of 10 they
-# stay near 35% at 1x, too little for the test to tell anything; nested only 3 deep with all four
-# operators, a 2-layer Transformer still reached only 42-50% in 6,000-7,500 steps (SM and MED are what it
-# does not learn). With MIN and MAX only, at most 3 deep and 2-5 arguments, it reached 95% at 6,000 steps,
-# while the best answer from the root's operator alone is 51% and the majority class ~20%: the values
-# must be computed through the nesting. Such expressions are 21-37 tokens long, so segments and memories
-# are 10 (3-4 segments at 1x, 9-15 at 4x; LRA spans 5-20 segments of 100).
+# listops-length-easy: the length test on a ListOps that quick's models learn (docs/listops.md has the
+# probes). With all four operators they do not learn SM and MED in a few thousand steps, even 3 deep; with
+# up to 10 arguments a MIN or MAX at the root almost fixes the answer. MIN and MAX, at most 3 deep with
+# 2-5 arguments, must be computed through the nesting. Such expressions are 21-37 tokens long, so segments
+# and memories are 10 (3-4 segments at 1x, 9-15 at 4x; LRA spans 5-20 segments of 100).
 EASY_DATA = ListOpsData(min_length=20, max_length=100, num_train=20_000, num_val=500, num_test=1_000)
 EASY_EXPRESSIONS = dict(max_depth=3, max_args=5, operators=(MIN, MAX))
 EASY_SCALES = {

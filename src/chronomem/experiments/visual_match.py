@@ -94,9 +94,9 @@ SCALES = {
     # The settings that learned the control soonest and held it (docs/rl.md "Visual Match": eight epochs
     # per rollout; the apples' return learned apart, --reward-part, a deviation: with four epochs, or one
     # value, the LSTM did not hold 90% on the control in 20,000 episodes; no reconstruction loss, a
-    # deviation: with it the memoryless agent held 77-93% of the control's choices, without it 87-100%,
-    # and a frame costs 1.26x less); the same number of episodes (of choices) at every distractor length;
-    # checkpoints every ~0.4M frames for --resume.
+    # deviation: with it the memoryless agent settled on wrong answers in some cases of the control); the
+    # same number of episodes (of choices) at every distractor length; checkpoints every ~0.4M frames for
+    # --resume.
     "quick": VisualMatchScale(
         distractors=(30, 90, 250), episodes=15_000, seeds=3, eval_episodes=300,
         ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=8, lr=1e-3,
