@@ -480,8 +480,8 @@ def produced_at(name: str, scale: str) -> dict[str, set[str]]:
     if name == "popgym":
         s = popgym.SCALES[scale]
         return table(s.models, [popgym._name(e) for e in s.envs])
-    if name == "visual-match":
-        s = visual_match.SCALES[scale]
+    if name in ("visual-match", "key-to-door"):
+        s = visual_match.GAME_SCALES[name][scale]
         return table(s.models, [f"d{d}" for d in s.distractors])
     if name == "ssl":
         return table(ssl.MODELS, [ssl.setting(p) for p in ssl.SCALES[scale].probe_at])
@@ -504,7 +504,8 @@ def problems(claim: Claim, produced: dict[str, set[str]]) -> list[str]:
 
 CLAIMED = ("copy-baselines", "transfer-copy", "denoise", "ballet", "pai", "listops", "listops-length",
            "resolution-transfer", "resolution-transfer-learned", "lm", "minigrid-transfer", "ballet-rl", "babyai",
-           "babyai-multi", "popgym", "visual-match", "ssl", "decision-transformer", "listops-length-easy")
+           "babyai-multi", "popgym", "visual-match", "ssl", "decision-transformer", "listops-length-easy",
+           "key-to-door")
 
 
 @pytest.mark.parametrize("name", CLAIMED)

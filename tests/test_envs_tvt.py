@@ -64,7 +64,8 @@ def play(env_id: str, num_envs: int, steps: int, seed: int = 0, **options) -> di
 
 
 @pytest.mark.parametrize("env_id", [visual_match_id("passive", 30), visual_match_id("active", 30, observation="pixels"),
-                                    visual_match_id("passive", 30, control=True), key_to_door_id(30)])
+                                    visual_match_id("passive", 30, control=True), key_to_door_id(30),
+                                    key_to_door_id(30, control=True), key_to_door_id(30, True, "pixels")])
 def test_native_equals_sync_over_tvt_env(env_id):
     counts = play(env_id, 6, 1200, seed=3)
     # every event happened: right and wrong choices (or doors opened and not), apples eaten and regrown
@@ -165,6 +166,28 @@ def test_key_to_door_needs_the_key():
         assert terminated and info["success"] is take
 
 
+def test_key_to_door_control_draws_the_held_key_on_the_player():
+    for observation in ("symbolic", "pixels"):
+        seen = {}
+        for control in (False, True):
+            env = TVTEnv(game="key_to_door", mode="active", distractor=5, control=control, observation=observation)
+            obs, _ = env.reset(options={"layout": _layout(start=2, key=2)})  # start (4, 5); key (1, 5)
+            views = [obs] + [_walk(env, [a])[0] for a in [N, N, N] + [S] * 12 + [S] * 5 + [N, N]]
+            assert env._success  # through the door: the key is spent
+            views.append(_walk(env, [S])[0])
+            seen[control] = views
+        for t, (plain, shown) in enumerate(zip(seen[False], seen[True], strict=True)):
+            holding = 3 <= t < 22  # taken at the third step, spent at the door (the 22nd)
+            if observation == "symbolic":  # the active view: the player at its centre
+                key = shown["grid"][2, 2, SYMBOLS.index("key")]
+                assert key == holding, t
+                rest = shown["grid"].copy()
+                rest[2, 2, SYMBOLS.index("key")] = plain["grid"][2, 2, SYMBOLS.index("key")]
+                assert np.array_equal(rest, plain["grid"]), t  # nothing else differs
+            else:
+                assert (not np.array_equal(shown["image"][2, 2], plain["image"][2, 2])) == holding, t
+
+
 def test_the_active_view_is_the_window_around_the_player():
     active, passive = TVTEnv(mode="active"), TVTEnv(mode="passive")
     for env in (active, passive):
@@ -219,7 +242,7 @@ def test_env_checker_and_registered_ids():
 @pytest.mark.parametrize("kwargs, match", [
     ({"game": "chess"}, "game"), ({"mode": "lazy"}, "mode"), ({"observation": "rgb"}, "observation"),
     ({"distractor": 0}, "distractor"), ({"num_apples": 23}, "num_apples"), ({"apple_rewards": ()}, "apple_rewards"),
-    ({"control": 1}, "control"), ({"game": "key_to_door", "control": True}, "control"),
+    ({"control": 1}, "control"), ({"game": "key_to_door", "control": "yes"}, "control"),
 ])
 def test_bad_construction_names_the_argument(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):

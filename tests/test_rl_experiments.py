@@ -341,3 +341,20 @@ def test_visual_match_plots_the_choice_against_the_distractor_length(tmp_path, m
     assert lines == {"mlp": ([30, 90, 250], [33, 33, 33]), "htm": ([30, 90, 250], [97, 92, 85])}
     assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [pytest.approx(100 / 3)]
     assert len(ax.collections) == 2  # a seed band per core
+
+
+@pytest.mark.parametrize("name, env_prefix", [("visual-match", "chronomem/VisualMatch-passive-d"),
+                                               ("key-to-door", "chronomem/KeyToDoor-d")])
+def test_the_tvt_experiments_train_their_control_and_each_length(tmp_path, name, env_prefix):
+    results = run_experiment(get_experiment(name), "smoke", tmp_path, progress=False)
+    config, extra = results["config"], results["extra"]
+    assert config["control_env"] == f"{env_prefix}5-control-v0"
+    saved = json.loads((tmp_path / "control" / "mlp-seed0" / "config.json").read_text())
+    assert saved["args"]["env"] == config["control_env"]
+    saved = json.loads((tmp_path / "d5" / "lstm-seed0" / "config.json").read_text())
+    assert saved["args"]["env"] == f"{env_prefix}5-v0"
+    assert set(results["results"]) == {"mlp", "lstm", "htm"}
+    assert all(set(cells) == {"d5"} for cells in results["results"].values())
+    assert set(results["control"]["learned"]) == {"mlp", "lstm", "htm"}
+    assert all(0 <= row["success"] <= 100 for rows in extra["runs"].values() for row in rows)
+    assert (tmp_path / "learning_curves.png").exists() and (tmp_path / "success_by_distractor.png").exists()

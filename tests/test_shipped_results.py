@@ -26,6 +26,7 @@ from chronomem.experiments import (
     popgym,
     relevance,
     ssl,
+    visual_match,
 )
 from chronomem.experiments import copy_baselines as copy
 
@@ -40,6 +41,7 @@ SCALE_TABLES = {
     "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES, "ballet-rl": ballet_rl.SCALES,
     "popgym": popgym.SCALES, "minigrid-transfer": minigrid.SCALES, "ssl": ssl.SCALES,
     "decision-transformer": decision_transformer.SCALES, "listops-length-easy": listops.EASY_SCALES,
+    "visual-match": visual_match.SCALES, "key-to-door": visual_match.KEY_TO_DOOR_SCALES,
 }
 MISSING = "(not recorded)"
 

@@ -33,9 +33,12 @@ per cell the channels ``SYMBOLS`` (a coloured cell sets one colour channel; floo
 player sets its channel over what it stands on); ``"pixels"``: ``{"image": uint8 [H, W, 3]}``, one pixel
 per cell as the reference renders (its ``FIXED_COLOURS`` scaled to 255, the player drawn on top).
 
-``control=True`` (Visual Match only, not in the reference): the reward room also shows the target
-colour, on the wall cell above the middle square, so choosing needs no memory; the control every
-setting must learn first (docs/rl.md, "Controls").
+``control=True`` (not in the reference) removes the memory demand; it is the control every setting must
+learn first (docs/rl.md, "Controls"). Visual Match: the reward room also shows the target colour, on the
+wall cell above the middle square, so choosing needs no memory. Key-to-Door: the key is drawn on the
+player while it is held (the key's channel on the player's cell; in pixels the player takes a colour
+halfway to the key's), as MiniGrid shows what its agent carries, so whether the door will open is in
+view at every step: what is left to learn is the credit for taking the key, across the apples.
 
 ``info``: ``phase`` (0 explore, 1 distractor, 2 reward; ``PHASES``), ``step`` (actions so far),
 ``apple_reward`` (the part of this step's reward the apples paid: PPO's ``--reward-part``), and at
@@ -49,8 +52,9 @@ reward is drawn once per episode (the reference's other option, a fresh uniform 
 offered); the player is drawn over everything; ``step`` after the end raises.
 
 Registered ids (``visual_match_id``, ``key_to_door_id``): ``chronomem/VisualMatch-<mode>-d<distractor>[-control]
-[-pixels]-v0`` and ``chronomem/KeyToDoor-d<distractor>[-pixels]-v0`` for the distractor lengths
-``DISTRACTORS``, symbolic unless ``-pixels``; any other length through ``gymnasium.make(id, distractor=N)``.
+[-pixels]-v0`` and ``chronomem/KeyToDoor-d<distractor>[-control][-pixels]-v0`` (active, as released) for the
+distractor lengths ``DISTRACTORS``, symbolic unless ``-pixels``; any other length through
+``gymnasium.make(id, distractor=N)``.
 Every id has the natively vectorised twin ``chronomem.envs.tvt_vector.TVTVectorEnv``, tested step for step
 against ``TVTEnv``, which stays the readable reference.
 """
@@ -104,6 +108,9 @@ CODE_PIXELS[INDICATOR] = _rgb(1000, 1000, 1000)
 for _k in range(NUM_COLOURS):  # equally spaced hues (the reference's get_shuffled_symbol_colour_map)
     CODE_PIXELS[COLOUR + _k] = _rgb(*(int(c * 1000) for c in colorsys.hsv_to_rgb(_k / NUM_COLOURS, 1.0, 1.0)))
 PLAYER_PIXEL = np.array(_rgb(898, 584, 430), np.uint8)
+KEY_CHANNEL = SYMBOLS.index("key")
+# Key-to-Door's control: the player holding the key, halfway between the player's colour and the key's
+PLAYER_KEY_PIXEL = ((PLAYER_PIXEL.astype(np.int64) + CODE_PIXELS[KEY]) // 2).astype(np.uint8)
 
 
 def _board(art: list[str], walls: str = "#") -> np.ndarray:
@@ -222,8 +229,9 @@ def visual_match_id(mode: str = "passive", distractor: int = 90, control: bool =
             f"{'-pixels' if observation == 'pixels' else ''}-v0")
 
 
-def key_to_door_id(distractor: int = 90, observation: str = "symbolic") -> str:
-    return f"chronomem/KeyToDoor-d{distractor}{'-pixels' if observation == 'pixels' else ''}-v0"
+def key_to_door_id(distractor: int = 90, control: bool = False, observation: str = "symbolic") -> str:
+    return (f"chronomem/KeyToDoor-d{distractor}{'-control' if control else ''}"
+            f"{'-pixels' if observation == 'pixels' else ''}-v0")
 
 
 def check_options(game, mode, observation, distractor, explore, reward, num_apples, apple_rewards, final_reward,
@@ -248,9 +256,6 @@ def check_options(game, mode, observation, distractor, explore, reward, num_appl
         raise TypeError(f"final_reward must be a number, got {final_reward!r}")
     if not isinstance(control, bool):
         raise TypeError(f"control must be a bool, got {control!r}")
-    if control and game != "visual_match":
-        raise ValueError("control=True is Visual Match's control (the colour shown in the reward room); "
-                         f"game={game!r} has none")
     return lengths, tuple(float(r) for r in apple_rewards)
 
 
@@ -375,12 +380,15 @@ class TVTEnv(gym.Env if gym is not None else object):
 
     def _observe(self) -> dict:
         codes, player = self._view(self.board())
+        holding = self.control and self._has_key  # Key-to-Door's control: the key drawn on the player
         if self.observation == "symbolic":
             grid = CODE_SYMBOLS[codes]
             grid[player + (PLAYER_CHANNEL,)] = 1
+            if holding:
+                grid[player + (KEY_CHANNEL,)] = 1
             return {"grid": grid}
         image = CODE_PIXELS[codes]
-        image[player] = PLAYER_PIXEL
+        image[player] = PLAYER_KEY_PIXEL if holding else PLAYER_PIXEL
         return {"image": image}
 
     def _info(self) -> dict:
@@ -394,7 +402,7 @@ class TVTEnv(gym.Env if gym is not None else object):
         if self.render_mode != "rgb_array" or self.layout is None:
             return None
         image = CODE_PIXELS[self.board()]
-        image[tuple(self._player)] = PLAYER_PIXEL
+        image[tuple(self._player)] = PLAYER_KEY_PIXEL if self.control and self._has_key else PLAYER_PIXEL
         return image.repeat(8, 0).repeat(8, 1)
 
 
@@ -408,7 +416,8 @@ if gym is not None and visual_match_id() not in gym.registry:
                                  vector_entry_point=VECTOR_ENTRY_POINT,
                                  kwargs={"game": "visual_match", "mode": _mode, "distractor": _distractor,
                                          "control": _control, "observation": _observation})
-            gym.register(id=key_to_door_id(_distractor, _observation), entry_point=TVTEnv,
-                         vector_entry_point=VECTOR_ENTRY_POINT,
-                         kwargs={"game": "key_to_door", "mode": "active", "distractor": _distractor,
-                                 "observation": _observation})
+            for _control in (False, True):
+                gym.register(id=key_to_door_id(_distractor, _control, _observation), entry_point=TVTEnv,
+                             vector_entry_point=VECTOR_ENTRY_POINT,
+                             kwargs={"game": "key_to_door", "mode": "active", "distractor": _distractor,
+                                     "control": _control, "observation": _observation})

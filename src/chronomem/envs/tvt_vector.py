@@ -39,8 +39,10 @@ from chronomem.envs.tvt import (
     INDICATOR,
     INDICATOR_CELL,
     KEY,
+    KEY_CHANNEL,
     MOVES,
     PLAYER_CHANNEL,
+    PLAYER_KEY_PIXEL,
     PLAYER_PIXEL,
     RESPAWN,
     REWARD,
@@ -263,7 +265,11 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
         if self.observation == "symbolic":
             grid = CODE_SYMBOLS[codes]
             grid[b, pr, pc, PLAYER_CHANNEL] = 1
+            if self.control:  # Key-to-Door's control: the key drawn on the player while held
+                grid[b, pr, pc, KEY_CHANNEL] |= self.has_key.astype(np.uint8)
             return {"grid": grid}
         image = CODE_PIXELS[codes]
         image[b, pr, pc] = PLAYER_PIXEL
+        if self.control:
+            image[b[self.has_key], pr[self.has_key], pc[self.has_key]] = PLAYER_KEY_PIXEL
         return {"image": image}

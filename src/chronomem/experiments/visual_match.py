@@ -21,14 +21,23 @@ sized for a GPU and never run here). Deviations: PPO, not IMPALA; 2D boards, not
 heads, ``--reward-part apple_reward``), without which PPO did not learn even the control, and no
 reconstruction loss (paper 001 App. A.1 trains every agent with one; ``paper`` keeps it), with which the
 memoryless agent settled on wrong answers in a few cases of the control.
+
+key-to-door (TVT's sibling task, the pycolab game as released: a 5x5 view around the player): take a key
+in the first room, collect apples, then open a door with it (+10). No choice at the end needs a memory: the
+policy that takes the key and walks to the door is memoryless. What needs one is the credit: whether the
+door will open is invisible after the key is taken, so only a value that remembers the key can tell the
+states apart and credit the key across the apples. Its control draws the held key on the player
+(``control=True``), so a memoryless value sees it too; what is left is the credit across the distractor.
+The table beside visual-match's tells memory (the choice) from credit assignment (the key).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
-from chronomem.envs.tvt import EXPLORE, NUM_COLOURS, REWARD, visual_match_id
+from chronomem.envs.tvt import EXPLORE, GAMES, NUM_COLOURS, REWARD, key_to_door_id, visual_match_id
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.experiments.rl_runs import (
@@ -48,8 +57,9 @@ CONTROL_LEARNED = 90.0  # % right choices on the control
 
 
 @dataclass(frozen=True)
-class VisualMatchScale:
-    """One scale: the distractor lengths, fixed frames per run, evaluation, PPO and core settings."""
+class TVTScale:
+    """One scale of a TVT game: the distractor lengths, fixed frames per run, evaluation, PPO and core
+    settings. Key-to-Door is registered in the active mode only (its released view)."""
 
     distractors: tuple[int, ...]
     episodes: int  # training episodes per core, distractor and seed: frames = episodes x episode length
@@ -60,9 +70,19 @@ class VisualMatchScale:
     mode: str = "passive"
     observation: str = "symbolic"
     control_episodes: int = 0  # per core and seed on the control at the shortest distractor (0: none)
+    game: str = "visual_match"
 
     def __post_init__(self):  # a typo or a bad value in the PPO settings fails at import
         check_ppo_settings(self.ppo, type(self).__name__)
+        if self.game not in GAMES:
+            raise ValueError(f"game must be one of {GAMES}, got {self.game!r}")
+        if self.game == "key_to_door" and self.mode != "active":
+            raise ValueError(f"Key-to-Door's ids are active (its released view), got mode={self.mode!r}")
+
+    def env_id(self, distractor: int, control: bool = False) -> str:
+        if self.game == "key_to_door":
+            return key_to_door_id(distractor, control, self.observation)
+        return visual_match_id(self.mode, distractor, control, self.observation)
 
     def frames(self, distractor: int) -> int:
         """A run's frames: the same number of episodes (of choices) at every distractor length."""
@@ -86,7 +106,7 @@ CPU_MODELS = {"mlp": {}, "lstm": {}, "htm": dict(chunk_size=16, top_k=4, memory_
               "transformer-xl": dict(mem_len=256)}
 
 SCALES = {
-    "smoke": VisualMatchScale(
+    "smoke": TVTScale(
         distractors=(5,), episodes=4, seeds=1, eval_episodes=2,
         ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1,
                  reward_part="apple_reward"),
@@ -97,14 +117,14 @@ SCALES = {
     # deviation: with it the memoryless agent settled on wrong answers in some cases of the control); the
     # same number of episodes (of choices) at every distractor length; checkpoints every ~0.4M frames for
     # --resume.
-    "quick": VisualMatchScale(
+    "quick": TVTScale(
         distractors=(30, 90, 250), episodes=15_000, seeds=3, eval_episodes=300,
         ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=8, lr=1e-3,
                  ent_coef=0.01, norm_adv=True, reward_part="apple_reward", reconstruction=0.0, checkpoint_every=200),
         models=CPU_MODELS, control_episodes=20_000),
     # Longer distractors, more episodes, wider agents, one value (the paper's IMPALA learns one): sized
     # for a GPU (docs/rl.md: 3,465 frames/s for this HTM agent on an H100, 8,174 for the LSTM), never run.
-    "paper": VisualMatchScale(
+    "paper": TVTScale(
         distractors=(90, 250, 500), episodes=100_000, seeds=3, eval_episodes=1000,
         ppo=dict(dim=256, depth=2, heads=8, hidden=256, visual="cells", num_envs=64, num_steps=128,
                  num_minibatches=8, update_epochs=4, lr=3e-4, ent_coef=0.01, norm_adv=True, checkpoint_every=500),
@@ -112,6 +132,10 @@ SCALES = {
                 "transformer-xl": dict(mem_len=512)},
         control_episodes=50_000),
 }
+
+# Key-to-Door with Visual Match's settings, lengths and budgets, so that the two tables sit side by side.
+KEY_TO_DOOR_SCALES = {name: replace(scale, game="key_to_door", mode="active") for name, scale in SCALES.items()}
+GAME_SCALES = {"visual-match": SCALES, "key-to-door": KEY_TO_DOOR_SCALES}
 
 
 @dataclass(frozen=True)
@@ -146,15 +170,12 @@ def success_curve(history: list[dict]) -> list[tuple[int, float]]:
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
          time_budget: float | None = None, resume: bool = False, progress: bool = True,
-         jobs: Jobs = SEQUENTIAL) -> dict:
-    check_no_time_budget("visual-match", time_budget)
-    s = SCALES[scale]
-    chosen = select_models(s.models, models, "visual-match")
-
-    def env(distractor: int, control: bool = False) -> str:
-        return visual_match_id(s.mode, distractor, control, s.observation)
-
-    check_cores("visual-match", chosen, env(s.distractors[0]), s.ppo, s.models)  # before anything trains
+         jobs: Jobs = SEQUENTIAL, *, name: str = "visual-match") -> dict:
+    check_no_time_budget(name, time_budget)
+    s = GAME_SCALES[name][scale]
+    chosen = select_models(s.models, models, name)
+    env = s.env_id
+    check_cores(name, chosen, env(s.distractors[0]), s.ppo, s.models)  # before anything trains
     out, seeds, show = Path(out), range(seed, seed + s.seeds), progress and scale != "smoke"
 
     def job(env_id: str, frames: int, model: str, run_seed: int, where: Path) -> MatchRun:
@@ -186,13 +207,25 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
         config["control_env"] = control_env
         extra["control"] = control_rows
         produced["control"] = control_summary(
-            f"`{control_env}` (the target's colour also shown in the reward room)", s.control_frames,
-            "success (%): right final choices", f"success >= {CONTROL_LEARNED:.0f}% ({s.eval_episodes} evaluation "
-            "episodes)", {m: [r["success"] for r in rows] for m, rows in control_rows.items()},
+            f"`{control_env}` ({CONTROL_SHOWS[s.game]})", s.control_frames, f"success (%): {SUCCESS[s.game]}",
+            f"success >= {CONTROL_LEARNED:.0f}% ({s.eval_episodes} evaluation episodes)",
+            {m: [r["success"] for r in rows] for m, rows in control_rows.items()},
             {m: [r["success"] >= CONTROL_LEARNED for r in rows] for m, rows in control_rows.items()})
     plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
     plot_success_by_length(produced, out / "success_by_distractor.png")
     return produced
+
+
+CONTROL_SHOWS = {"visual_match": "the target's colour also shown in the reward room",
+                 "key_to_door": "the held key drawn on the player"}
+CONTROL_PANEL = {"visual_match": "control (colour shown)", "key_to_door": "control (key shown)"}
+SUCCESS = {"visual_match": "right final choices", "key_to_door": "episodes through the door"}
+EXPERIMENT_NAMES = {"visual_match": "visual-match", "key_to_door": "key-to-door"}
+
+
+def _chance(game: str) -> float | None:
+    """A random square's success on Visual Match's choice (1/3); Key-to-Door's door has no such level."""
+    return 100 / NUM_COLOURS if game == "visual_match" else None
 
 
 def plot_success_by_length(results: dict, path: Path) -> None:
@@ -203,7 +236,9 @@ def plot_success_by_length(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths = list(results["config"]["distractors"])
+    config = results["config"]
+    game = config.get("game", "visual_match")
+    lengths = list(config["distractors"])
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     for i, (model, cells) in enumerate(results["per_seed"].items()):
         seeds = [cells[f"d{d}"] for d in lengths]
@@ -211,15 +246,15 @@ def plot_success_by_length(results: dict, path: Path) -> None:
         ax.plot(lengths, mean, marker="o", color=f"C{i}", label=model)
         ax.fill_between(lengths, [min(v) for v in seeds], [max(v) for v in seeds], color=f"C{i}", alpha=0.15,
                         linewidth=0)
-    ax.axhline(100 / NUM_COLOURS, color="black", linestyle="--", linewidth=1, label="chance: a random square (1/3)")
+    if (level := _chance(game)) is not None:
+        ax.axhline(level, color="black", linestyle="--", linewidth=1, label="chance: a random square (1/3)")
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks(lengths, [str(d) for d in lengths])
-    ax.set(xlabel="distractor phase (steps)", ylabel="right final choices (%)", ylim=(0, 100),
-           title=f"visual-match ({results['config']['scale']}): the choice against the distractor's length")
+    ax.set(xlabel="distractor phase (steps)", ylabel=f"{SUCCESS[game]} (%)", ylim=(0, 100),
+           title=f"{EXPERIMENT_NAMES[game]} ({config['scale']}): success against the distractor's length")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title=f"mean over {results['config']['seeds']} seeds, band: lowest to highest",
-              title_fontsize=8)
+    ax.legend(fontsize=8, title=f"mean over {config['seeds']} seeds, band: lowest to highest", title_fontsize=8)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -229,16 +264,17 @@ def plot_learning_curves(results: dict, path: Path) -> None:
     training episodes against frames, per core the mean over seeds with a band from the lowest to the
     highest seed, chance (1/3) dashed."""
     extra, config = results["extra"], results["config"]
+    game = config.get("game", "visual_match")
     panels: dict[str, dict] = {f"distractor {d}": {} for d in config["distractors"]}
     for model, rows in extra["runs"].items():
         for row in rows:
             panels[f"distractor {row['distractor']}"].setdefault(model, []).append(row["success_curve"])
     if extra.get("control"):
-        panels["control (colour shown)"] = {m: [r["success_curve"] for r in rows]
-                                            for m, rows in extra["control"].items()}
-    plot_curves(panels, path, f"visual-match ({results['scale']}): right final choices (%) against frames",
-                chance=dict.fromkeys(panels, 100 / NUM_COLOURS), chance_label="chance: a random square (1/3)",
-                ylim=(0, 100), ylabel="right final choices (%)")
+        panels[CONTROL_PANEL[game]] = {m: [r["success_curve"] for r in rows] for m, rows in extra["control"].items()}
+    level = _chance(game)
+    plot_curves(panels, path, f"{EXPERIMENT_NAMES[game]} ({results['scale']}): {SUCCESS[game]} (%) against frames",
+                chance=None if level is None else dict.fromkeys(panels, level),
+                chance_label="chance: a random square (1/3)", ylim=(0, 100), ylabel=f"{SUCCESS[game]} (%)")
 
 
 VISUAL_MATCH = register_experiment(
@@ -246,7 +282,7 @@ VISUAL_MATCH = register_experiment(
         name="visual-match",
         description="Passive Visual Match (paper 001 Fig. 6a) in 2D: remember a colour across a phase of apples; "
         "a memoryless agent and a control (the colour shown at the choice) beside the memories.",
-        run=_run,
+        run=partial(_run, name="visual-match"),
         paper=PAPER,
         metric="right final choices (%)",
         paper_source="paper 001 Table 3 row 6a (DMLab's passive visual match, IMPALA, evaluations in the last 1% "
@@ -264,5 +300,29 @@ VISUAL_MATCH = register_experiment(
                       "htm", "mlp"),
                 Claim("The LSTM remembers the colour; the memoryless agent does not", "lstm", "mlp"),
                 Claim("HTM above the LSTM at the longest distractor", "htm", "lstm", settings=("d250",))),
+    )
+)
+
+
+KEY_TO_DOOR = register_experiment(
+    Experiment(
+        name="key-to-door",
+        description="Key-to-Door (TVT's pycolab game, the sibling of Visual Match): take a key, collect apples, open "
+        "the door with it; a memoryless agent and a control (the held key in view) beside the memories.",
+        run=partial(_run, name="key-to-door"),
+        paper={},
+        metric="episodes through the door (%)",
+        paper_source="not in the papers: paper 001 tests Visual Match only; Key-to-Door is TVT's (Hung et al. 2019) "
+        "test of credit assignment, here the sibling that tells credit from memory",
+        notes="Ours: the pycolab game as released (a 5x5 view around the player), PPO with Visual Match's settings, "
+        "one evaluation after training of `eval_episodes` episodes per cell, actions sampled. The door needs no "
+        "memory to open: a memoryless policy can take the key and walk to it. What needs memory is the credit: "
+        "after the key is taken nothing in view says so, and only a value that remembers it can credit the key "
+        "across the apples. The control draws the held key on the player, so a memoryless value sees it too: "
+        "learned there and not on the task means the memory was missing, not the credit. The apple reward is "
+        "reported apart (extra.apples). learning_curves.png: % of training episodes through the door against "
+        "frames; success_by_distractor.png: against the distractor's length.",
+        claims=(Claim("HTM credits the key across the distractor phase better than the memoryless agent", "htm", "mlp"),
+                Claim("The LSTM credits the key better than the memoryless agent", "lstm", "mlp")),
     )
 )
