@@ -477,8 +477,8 @@ def produced_at(name: str, scale: str) -> dict[str, set[str]]:
     if name in ("babyai", "babyai-multi"):
         s = (babyai.SCALES if name == "babyai" else babyai.MULTI_SCALES)[scale]
         return table(babyai.MODELS, [f"step {k}" for k in range(s.eval_every, s.steps + 1, s.eval_every)])
-    if name == "popgym":
-        s = popgym.SCALES[scale]
+    if name in ("popgym", "popgym-harder"):
+        s = popgym.EXPERIMENT_SCALES[name][scale]
         return table(s.models, [popgym._name(e) for e in s.envs])
     if name in ("visual-match", "key-to-door"):
         s = visual_match.GAME_SCALES[name][scale]
@@ -505,7 +505,7 @@ def problems(claim: Claim, produced: dict[str, set[str]]) -> list[str]:
 CLAIMED = ("copy-baselines", "transfer-copy", "denoise", "ballet", "pai", "listops", "listops-length",
            "resolution-transfer", "resolution-transfer-learned", "lm", "minigrid-transfer", "ballet-rl", "babyai",
            "babyai-multi", "popgym", "visual-match", "ssl", "decision-transformer", "listops-length-easy",
-           "key-to-door")
+           "key-to-door", "popgym-harder")
 
 
 @pytest.mark.parametrize("name", CLAIMED)

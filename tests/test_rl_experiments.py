@@ -71,6 +71,19 @@ def test_popgym_smoke(tmp_path, monkeypatch):
     assert all(run["curve"] for runs in saved["extra"]["runs"].values() for run in runs)  # the seed band
 
 
+def test_popgym_harder_runs_its_own_environments_with_popgym_settings(tmp_path):
+    harder, easy = popgym_experiment.HARDER_SCALES, popgym_experiment.SCALES
+    for scale in ("quick", "paper"):  # the agents, settings and control are popgym's; the envs are harder
+        assert harder[scale].ppo == easy[scale].ppo and harder[scale].models == easy[scale].models
+        assert harder[scale].control_frames == easy[scale].control_frames
+        assert harder[scale].envs == popgym_experiment.HARDER_ENVS
+    saved = run_experiment(get_experiment("popgym-harder"), "smoke", tmp_path, progress=False)
+    assert list(saved["config"]["envs"]) == ["popgym-CountRecallEasy-v0"]
+    assert all(set(row) == {"CountRecallEasy"} for row in saved["results"].values())
+    assert set(saved["control"]["learned"]) == set(saved["results"])
+    assert (tmp_path / "mlp-CountRecallEasy-seed0" / "config.json").exists()
+
+
 def test_popgym_published_table_names_real_environments_and_mmers():
     popgym_experiment.check_paper_table(popgym_experiment.PAPER)
     popgym_experiment.check_paper_table({"gru": {"RepeatPreviousEasy": 1.0, "LabyrinthExploreHard": -1}})

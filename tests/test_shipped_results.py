@@ -39,7 +39,8 @@ SCALE_TABLES = {
     "denoise": relevance.DENOISE_SCALES, "lm": lm.SCALES, "resolution-transfer": images.SCALES,
     "resolution-transfer-learned": images.SCALES,
     "babyai": babyai.SCALES, "babyai-multi": babyai.MULTI_SCALES, "ballet-rl": ballet_rl.SCALES,
-    "popgym": popgym.SCALES, "minigrid-transfer": minigrid.SCALES, "ssl": ssl.SCALES,
+    "popgym": popgym.SCALES, "popgym-harder": popgym.HARDER_SCALES, "minigrid-transfer": minigrid.SCALES,
+    "ssl": ssl.SCALES,
     "decision-transformer": decision_transformer.SCALES, "listops-length-easy": listops.EASY_SCALES,
     "visual-match": visual_match.SCALES, "key-to-door": visual_match.KEY_TO_DOOR_SCALES,
 }

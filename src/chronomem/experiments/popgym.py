@@ -24,11 +24,16 @@ per-environment results have been transcribed from the paper and checked (docs/r
 Scales fix the frames per run: ``smoke`` (seconds, tests), ``quick`` (RepeatPrevious and RepeatFirst, Easy, 1M frames a
 run, CPU-sized cores), ``paper`` (the 15 environments at the 3 difficulties, POPGym's budget of 15M frames
 per run, its widths: memory 256, MLPs of 128, rollouts of 1024 steps; ``popgym/baselines/ppo.py``).
+
+``popgym-harder``: the same cores and settings on two harder memory tests, RepeatPrevious Medium (the
+suit of the card 32 steps back, not 4) and CountRecall Easy (how often the current card's value has
+been dealt), 2M frames a run at quick; its paper scale is ``popgym``'s at those environments.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from chronomem.envs.popgym import CONTROL_ID, DIFFICULTIES, ENVS, all_ids, popgym_id
@@ -118,6 +123,17 @@ SCALES = {
 }
 
 
+# Two harder memory tests for the same agents: RepeatPrevious at Medium (k = 32 steps back; Easy's 4) and
+# CountRecall at Easy. Twice quick's frames, as the memories need longer; the rest is quick's.
+HARDER_ENVS = (popgym_id("RepeatPrevious", "Medium"), popgym_id("CountRecall"))
+HARDER_SCALES = {
+    "smoke": replace(SCALES["smoke"], envs=(popgym_id("CountRecall"),)),
+    "quick": replace(SCALES["quick"], envs=HARDER_ENVS, frames=2_000_000),
+    "paper": replace(SCALES["paper"], envs=HARDER_ENVS),
+}
+EXPERIMENT_SCALES = {"popgym": SCALES, "popgym-harder": HARDER_SCALES}
+
+
 def _name(env_id: str) -> str:
     return env_id.removeprefix("popgym-").removesuffix("-v0")
 
@@ -155,13 +171,13 @@ def _train_run(run: PPORun) -> dict:
 
 def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None,
          time_budget: float | None = None, resume: bool = False, progress: bool = True,
-         jobs: Jobs = SEQUENTIAL) -> dict:
-    check_no_time_budget("popgym", time_budget)
-    s = SCALES[scale]
-    chosen = select_models(s.models, models, "popgym")
+         jobs: Jobs = SEQUENTIAL, *, name: str = "popgym") -> dict:
+    check_no_time_budget(name, time_budget)
+    s = EXPERIMENT_SCALES[name][scale]
+    chosen = select_models(s.models, models, name)
     probe = s.envs[0]
     if models is not None:  # asked for by name: every one must be able to run
-        check_cores("popgym", chosen, probe, s.ppo, s.models)
+        check_cores(name, chosen, probe, s.ppo, s.models)
     skipped = {m: reason for m in chosen if (reason := takes_done(m, probe, s.ppo, s.models[m]))}
     out = Path(out)
     trained = [m for m in chosen if m not in skipped]
@@ -201,7 +217,8 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             {m: [row["mmer"] for row in ctl] for m, ctl in control.items()},
             {m: [row["mmer"] is not None and row["mmer"] >= CONTROL_LEARNED for row in ctl]
              for m, ctl in control.items()})
-    plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
+    plot_learning_curves({"experiment": name, "scale": scale, "config": config, "extra": extra},
+                         out / "learning_curves.png")
     return produced
 
 
@@ -230,7 +247,8 @@ def plot_learning_curves(results: dict, path: Path) -> None:
     if extra.get("control"):  # the control's panel last
         panels[f"control: {_name(CONTROL_ID)}"] = {m: [row["curve"] for row in ctl]
                                                     for m, ctl in extra["control"].items()}
-    plot_curves(panels, path, f"popgym ({results['scale']}): mean episodic return against frames", chance=chance,
+    plot_curves(panels, path, f"{results.get('experiment', 'popgym')} ({results['scale']}): mean episodic return "
+                "against frames", chance=chance,
                 ylim=(-1, 1), seeds=config["seeds"] if stored_means else None)
 
 
@@ -239,7 +257,7 @@ POPGYM = register_experiment(
         name="popgym",
         description="POPGym (Morad et al. 2023): every causal chronomem core that takes done as a PPO agent's "
         "memory, POPGym's MMER metric.",
-        run=_run,
+        run=partial(_run, name="popgym"),
         paper=PAPER,
         metric="MMER: max over training of the mean episodic return (POPGym's returns lie in [-1, 1])",
         paper_source="POPGym (Morad et al., ICLR 2023, arXiv 2303.01859): its baselines' MMER, RLlib PPO, "
@@ -253,5 +271,23 @@ POPGYM = register_experiment(
         "learning_curves.png: mean return against frames, one panel per environment, one line per core "
         "(mean over seeds, the band from the lowest to the highest seed), a uniformly random policy's mean "
         "return dashed (extra.random_return).",
+    )
+)
+
+
+POPGYM_HARDER = register_experiment(
+    Experiment(
+        name="popgym-harder",
+        description="POPGym's harder memory tests (RepeatPrevious Medium, CountRecall Easy) for the popgym agents, "
+        "with the same settings, control and memoryless agent.",
+        run=partial(_run, name="popgym-harder"),
+        paper=PAPER,
+        metric=POPGYM.metric,
+        paper_source=POPGYM.paper_source,
+        chance=POPGYM.chance,
+        chance_label=POPGYM.chance_label,
+        claims=POPGYM.claims,
+        notes="RepeatPrevious Medium asks for the suit of the card 32 steps back (Easy: 4), in episodes of two "
+        "decks (104 cards); CountRecall Easy for how often the current card's value has been dealt. " + POPGYM.notes,
     )
 )
