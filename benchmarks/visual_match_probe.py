@@ -7,6 +7,9 @@ Match": the probes).
     python benchmarks/visual_match_probe.py starter --core mlp
     python benchmarks/visual_match_probe.py no-apples --core mlp env.apple_rewards=0.0 --jsonl runs/probes.jsonl
     python benchmarks/visual_match_probe.py raw-advantages --core mlp norm_adv=False
+
+Key-to-Door through the env's keywords: ``env.game='key_to_door' env.mode='active'`` (``env.control=False``
+for the task itself).
 """
 
 from __future__ import annotations
