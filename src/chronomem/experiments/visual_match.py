@@ -134,7 +134,7 @@ SCALES = {
 }
 
 # Key-to-Door with Visual Match's settings and episodes per run. Quick keeps its two shorter lengths and
-# gives the control 5,000 episodes: the memoryless agent learned it within 1,000 (docs/rl.md "Key-to-Door").
+# gives the control 5,000 episodes: a memoryless probe learned it within 1,000 (docs/rl.md, "key-to-door").
 KEY_TO_DOOR_SCALES = {name: replace(scale, game="key_to_door", mode="active") for name, scale in SCALES.items()}
 KEY_TO_DOOR_SCALES["quick"] = replace(KEY_TO_DOOR_SCALES["quick"], distractors=(30, 90), control_episodes=5_000)
 GAME_SCALES = {"visual-match": SCALES, "key-to-door": KEY_TO_DOOR_SCALES}
