@@ -39,6 +39,22 @@ def test_seeds_of_one_experiment_share_a_section_with_their_mean(tmp_path):
     assert "| tlb | x1 | 35.0 | 38.2 | 10.0 |" in page  # listops: its recorded chance level, 10%, last
 
 
+def test_runs_of_other_models_on_the_same_control_share_its_table(tmp_path):
+    def control(per_seed, task="`Easy-v0`"):
+        return {"task": task, "frames": 100, "metric": "MMER", "threshold": "MMER >= 0.9", "per_seed": per_seed,
+                "learned": {m: [v >= 0.9 for v in values] for m, values in per_seed.items()}}
+
+    write_run(tmp_path / "a", results={"mlp": {"T=100": 30.0}}, control=control({"mlp": [0.95, 0.97]}))
+    write_run(tmp_path / "b", results={"htm": {"T=100": 35.0}}, control=control({"htm": [0.99, 0.5]}))
+    page = results_page([tmp_path])
+    assert page.count("Control (no memory needed): `Easy-v0`") == 1
+    table = page.split("Control (no memory needed)")[1]
+    assert "| mlp | 0.95, 0.97 | 2/2 |\n| htm | 0.99, 0.50 | 1/2 |" in table
+    assert page.count("**The control was not learned** by `htm` (1/2 seeds)") == 1
+    write_run(tmp_path / "c", results={"tlb": {"T=100": 35.0}}, control=control({"tlb": [1.0]}, task="`Other-v0`"))
+    assert results_page([tmp_path]).count("Control (no memory needed):") == 2  # another task: its own table
+
+
 def test_a_later_run_of_other_models_shares_the_column_of_its_seeds(tmp_path):
     write_run(tmp_path / "a", results={"lstm": {"T=100": 30.0}})
     write_run(tmp_path / "b", results={"tlb": {"T=100": 35.0}}, paper={})

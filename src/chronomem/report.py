@@ -171,6 +171,20 @@ def control_markdown(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def pooled_controls(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The controls of runs pooled in one section, one per distinct task: runs of other models on the
+    same control (task, frames, metric and threshold alike) share one table, their models' rows joined."""
+    pooled: dict[tuple, dict[str, Any]] = {}
+    for run in runs:
+        if not (control := run.get("control")):
+            continue
+        key = (control["task"], control["frames"], control["metric"], control["threshold"])
+        joined = pooled.setdefault(key, {**control, "per_seed": {}, "learned": {}})
+        joined["per_seed"].update(control["per_seed"])
+        joined["learned"].update(control["learned"])
+    return list(pooled.values())
+
+
 def report_markdown(experiment, results: dict) -> str:
     """``OUT/report.md`` of one run: the experiment's description, ours beside the paper's (with the 95%
     interval of each mean over seeds, the chance level), the seeds, the paper's claims judged, the notes,
@@ -722,8 +736,8 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
         f"{'wall time' if not several else 'wall times'} "
         + ", ".join(_wall_time(r) for r in runs) + f"; {_code(runs)}.",
         "",
-        *[line for run in runs if run.get("control")
-          for line in [*control_warning(run), *control_markdown(run), ""]],
+        *[line for control in pooled_controls(runs)
+          for line in [*control_warning({"control": control}), *control_markdown({"control": control}), ""]],
         *spread_table(runs),
     ]
     if first.get("metric"):
