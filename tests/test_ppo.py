@@ -299,6 +299,10 @@ def test_stall_watch_needs_a_low_kl_streak_and_a_flat_return():
     solved = StallWatch(updates=4, kl=1e-4, max_entropy=math.log(4))
     assert not any(solved.step(0.0, [1.0, 1.0], entropy=0.01) for _ in range(8))
     assert [solved.step(0.0, [1.0, 1.0], entropy=1.3) for _ in range(4)] == [False, False, False, True]
+    # the end of an annealed schedule (learning rate below a tenth of its start) stops a policy by design
+    settling = StallWatch(updates=4, kl=1e-4)
+    assert not any(settling.step(0.0, [0.5, 0.5], lr_fraction=f) for f in (0.09, 0.06, 0.03, 0.01, 0.0))
+    assert [settling.step(0.0, [0.5, 0.5], lr_fraction=0.5) for _ in range(4)] == [False, False, False, True]
 
 
 def test_a_stalled_run_says_so_once_in_the_progress_and_in_metrics(tmp_path, capsys):

@@ -200,19 +200,24 @@ class StallWatch:
     errors of the first half's (or either half ended fewer than two episodes). The entropy alone cannot
     tell: a policy can sit just below its maximum while every update moves it less and less. Without it a
     converged policy (nearly deterministic, its return at the task's best) looked stalled (docs/rl.md,
-    "The stall warning")."""
+    "The stall warning"). Nor is an update counted once the annealed learning rate is below
+    ``SETTLING`` of its start (``lr_fraction``): there the schedule stops the policy by design, and the
+    warning fired in the last tenth of runs that had learned what they could."""
+
+    SETTLING = 0.1
 
     def __init__(self, updates: int, kl: float, max_entropy: float | None = None):
         self.updates, self.kl, self.max_entropy = updates, kl, max_entropy
         self.streak: list[list[float]] = []  # the returns of the episodes ended in each update of the streak
         self.warned = False
 
-    def step(self, approx_kl: float, returns: list[float], entropy: float | None = None) -> bool:
+    def step(self, approx_kl: float, returns: list[float], entropy: float | None = None,
+             lr_fraction: float = 1.0) -> bool:
         """Record one update; True once, at the update where the stall is first seen."""
         if self.warned or not self.updates:
             return False
         converged = entropy is not None and self.max_entropy is not None and entropy < self.max_entropy / 2
-        if converged or not approx_kl < self.kl:
+        if converged or lr_fraction < self.SETTLING or not approx_kl < self.kl:
             self.streak = []
             return False
         self.streak = [*self.streak, returns][-self.updates:]
@@ -607,7 +612,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             window += ended
             outcomes += succeeded
             # one rank's view (its KL and episodes): a stall is a property of the shared weights
-            stalled = stall.step(stats["approx_kl"], [r for r, _ in ended], stats["entropy"])
+            stalled = stall.step(stats["approx_kl"], [r for r, _ in ended], stats["entropy"], lr / args.lr)
             if stalled:
                 reporter.note(stall.message(update, frames))
             seconds = seconds_before + time.perf_counter() - start
