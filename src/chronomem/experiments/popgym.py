@@ -26,8 +26,8 @@ run, CPU-sized cores), ``paper`` (the 15 environments at the 3 difficulties, POP
 per run, its widths: memory 256, MLPs of 128, rollouts of 1024 steps; ``popgym/baselines/ppo.py``).
 
 ``popgym-harder``: the same cores and settings on two harder memory tests, RepeatPrevious Medium (the
-suit of the card 32 steps back, not 4) and CountRecall Easy (how often the current card's value has
-been dealt), 2M frames a run at quick; its paper scale is ``popgym``'s at those environments.
+suit of the card 32 steps back, not 4) and CountRecall Easy (how many cards of the queried colour
+have been dealt so far), 2M frames a run at quick; its paper scale is ``popgym``'s at those environments.
 """
 
 from __future__ import annotations
@@ -288,6 +288,7 @@ POPGYM_HARDER = register_experiment(
         chance_label=POPGYM.chance_label,
         claims=POPGYM.claims,
         notes="RepeatPrevious Medium asks for the suit of the card 32 steps back (Easy: 4), in episodes of two "
-        "decks (104 cards); CountRecall Easy for how often the current card's value has been dealt. " + POPGYM.notes,
+        "decks (104 cards); CountRecall Easy for how many cards of the queried colour have been dealt so far. "
+        + POPGYM.notes,
     )
 )

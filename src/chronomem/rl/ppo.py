@@ -202,7 +202,7 @@ class StallWatch:
     converged policy (nearly deterministic, its return at the task's best) looked stalled (docs/rl.md,
     "The stall warning"). Nor is an update counted once the annealed learning rate is below
     ``SETTLING`` of its start (``lr_fraction``): there the schedule stops the policy by design, and the
-    warning fired in the last tenth of runs that had learned what they could."""
+    warning fired in the last tenth of runs whose learning rate had annealed toward 0."""
 
     SETTLING = 0.1
 
