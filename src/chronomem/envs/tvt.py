@@ -378,17 +378,21 @@ class TVTEnv(gym.Env if gym is not None else object):
         r, c = self._player
         return padded[r : r + CROP, c : c + CROP], (half, half)
 
+    @property
+    def _shows_key(self) -> bool:
+        """Key-to-Door's control draws the key on the player while it is held."""
+        return self.control and self._has_key
+
     def _observe(self) -> dict:
         codes, player = self._view(self.board())
-        holding = self.control and self._has_key  # Key-to-Door's control: the key drawn on the player
         if self.observation == "symbolic":
             grid = CODE_SYMBOLS[codes]
             grid[player + (PLAYER_CHANNEL,)] = 1
-            if holding:
+            if self._shows_key:
                 grid[player + (KEY_CHANNEL,)] = 1
             return {"grid": grid}
         image = CODE_PIXELS[codes]
-        image[player] = PLAYER_KEY_PIXEL if holding else PLAYER_PIXEL
+        image[player] = PLAYER_KEY_PIXEL if self._shows_key else PLAYER_PIXEL
         return {"image": image}
 
     def _info(self) -> dict:
@@ -402,7 +406,7 @@ class TVTEnv(gym.Env if gym is not None else object):
         if self.render_mode != "rgb_array" or self.layout is None:
             return None
         image = CODE_PIXELS[self.board()]
-        image[tuple(self._player)] = PLAYER_KEY_PIXEL if self.control and self._has_key else PLAYER_PIXEL
+        image[tuple(self._player)] = PLAYER_KEY_PIXEL if self._shows_key else PLAYER_PIXEL
         return image.repeat(8, 0).repeat(8, 1)
 
 

@@ -209,7 +209,8 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
         config["control_env"] = control_env
         extra["control"] = control_rows
         produced["control"] = control_summary(
-            f"`{control_env}` ({CONTROL_SHOWS[s.game]})", s.control_frames, f"success (%): {SUCCESS[s.game]}",
+            f"`{control_env}` ({GAMES_SHOWN[s.game].control_shows})", s.control_frames,
+            f"success (%): {GAMES_SHOWN[s.game].success}",
             f"success >= {CONTROL_LEARNED:.0f}% ({s.eval_episodes} evaluation episodes)",
             {m: [r["success"] for r in rows] for m, rows in control_rows.items()},
             {m: [r["success"] >= CONTROL_LEARNED for r in rows] for m, rows in control_rows.items()})
@@ -218,16 +219,24 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     return produced
 
 
-CONTROL_SHOWS = {"visual_match": "the target's colour also shown in the reward room",
-                 "key_to_door": "the held key drawn on the player"}
-CONTROL_PANEL = {"visual_match": "control (colour shown)", "key_to_door": "control (key shown)"}
-SUCCESS = {"visual_match": "right final choices", "key_to_door": "episodes through the door"}
-EXPERIMENT_NAMES = {"visual_match": "visual-match", "key_to_door": "key-to-door"}
+@dataclass(frozen=True)
+class Game:
+    """How a TVT game's experiment names its parts: ``success`` (what is counted), what its control
+    shows, the control's panel, and ``chance`` (% success of a random choice; None: no such level)."""
+
+    experiment: str
+    success: str
+    control_shows: str
+    control_panel: str
+    chance: float | None
 
 
-def _chance(game: str) -> float | None:
-    """A random square's success on Visual Match's choice (1/3); Key-to-Door's door has no such level."""
-    return 100 / NUM_COLOURS if game == "visual_match" else None
+GAMES_SHOWN = {
+    "visual_match": Game("visual-match", "right final choices", "the target's colour also shown in the reward room",
+                         "control (colour shown)", 100 / NUM_COLOURS),  # a random square of three
+    "key_to_door": Game("key-to-door", "episodes through the door", "the held key drawn on the player",
+                        "control (key shown)", None),
+}
 
 
 def plot_success_by_length(results: dict, path: Path) -> None:
@@ -239,7 +248,7 @@ def plot_success_by_length(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     config = results["config"]
-    game = config.get("game", "visual_match")
+    game = GAMES_SHOWN[config.get("game", "visual_match")]
     lengths = list(config["distractors"])
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     for i, (model, cells) in enumerate(results["per_seed"].items()):
@@ -248,13 +257,13 @@ def plot_success_by_length(results: dict, path: Path) -> None:
         ax.plot(lengths, mean, marker="o", color=f"C{i}", label=model)
         ax.fill_between(lengths, [min(v) for v in seeds], [max(v) for v in seeds], color=f"C{i}", alpha=0.15,
                         linewidth=0)
-    if (level := _chance(game)) is not None:
-        ax.axhline(level, color="black", linestyle="--", linewidth=1, label="chance: a random square (1/3)")
+    if game.chance is not None:
+        ax.axhline(game.chance, color="black", linestyle="--", linewidth=1, label="chance: a random square (1/3)")
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks(lengths, [str(d) for d in lengths])
-    ax.set(xlabel="distractor phase (steps)", ylabel=f"{SUCCESS[game]} (%)", ylim=(0, 100),
-           title=f"{EXPERIMENT_NAMES[game]} ({config['scale']}): success against the distractor's length")
+    ax.set(xlabel="distractor phase (steps)", ylabel=f"{game.success} (%)", ylim=(0, 100),
+           title=f"{game.experiment} ({config['scale']}): success against the distractor's length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title=f"mean over {config['seeds']} seeds, band: lowest to highest", title_fontsize=8)
     fig.savefig(path, dpi=100)
@@ -266,17 +275,16 @@ def plot_learning_curves(results: dict, path: Path) -> None:
     training episodes against frames, per core the mean over seeds with a band from the lowest to the
     highest seed, chance (1/3) dashed."""
     extra, config = results["extra"], results["config"]
-    game = config.get("game", "visual_match")
+    game = GAMES_SHOWN[config.get("game", "visual_match")]
     panels: dict[str, dict] = {f"distractor {d}": {} for d in config["distractors"]}
     for model, rows in extra["runs"].items():
         for row in rows:
             panels[f"distractor {row['distractor']}"].setdefault(model, []).append(row["success_curve"])
     if extra.get("control"):
-        panels[CONTROL_PANEL[game]] = {m: [r["success_curve"] for r in rows] for m, rows in extra["control"].items()}
-    level = _chance(game)
-    plot_curves(panels, path, f"{EXPERIMENT_NAMES[game]} ({results['scale']}): {SUCCESS[game]} (%) against frames",
-                chance=None if level is None else dict.fromkeys(panels, level),
-                chance_label="chance: a random square (1/3)", ylim=(0, 100), ylabel=f"{SUCCESS[game]} (%)")
+        panels[game.control_panel] = {m: [r["success_curve"] for r in rows] for m, rows in extra["control"].items()}
+    plot_curves(panels, path, f"{game.experiment} ({results['scale']}): {game.success} (%) against frames",
+                chance=None if game.chance is None else dict.fromkeys(panels, game.chance),
+                chance_label="chance: a random square (1/3)", ylim=(0, 100), ylabel=f"{game.success} (%)")
 
 
 VISUAL_MATCH = register_experiment(
