@@ -1,6 +1,7 @@
 """BabyAI behaviour cloning (paper 003 Sec. 4.2): the bot's demos, their cache, the action tagger, the
 policy acting one step at a time, the success rate by acting, and the experiments at smoke scale."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -219,6 +220,41 @@ def test_acting_step_by_step_equals_the_whole_episode(model):
     torch.testing.assert_close(torch.stack(acted, 1), whole, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("model", ["transformer", "tlb"])
+def test_rows_at_their_own_steps_act_as_each_episode_alone(model):
+    """An acting loop resets the rows whose episode ended (``state.reset``), each row at its own step:
+    every episode's logits equal those of the whole-episode forward over it alone. Episodes of several
+    lengths put the rows at different steps, so some rows open a TLB chunk (or an episode) while others
+    do not; each new episode reads its own mission. Acting goes through ``policy(inputs [B, 1, F],
+    state)``, the interface of ``chronomem.rl.acting``."""
+    net = policy(model).eval()
+    g = torch.Generator().manual_seed(4)
+    lengths = [[5, 8, 7], [7, 13], [2, 1, 6, 11]]  # per row, its episodes (20 steps each)
+    episodes = [[random_steps(1, n, g)[0] for n in row] for row in lengths]
+    inputs = torch.stack([torch.cat(row) for row in episodes])
+    ends = torch.zeros(inputs.shape[:2], dtype=torch.bool)
+    for b, row in enumerate(lengths):
+        ends[b, torch.tensor(row).cumsum(0) - 1] = True
+    with torch.no_grad():
+        state, acted = net.initial_state(3), []
+        for t in range(inputs.shape[1]):
+            logits, state = net(inputs[:, t : t + 1], state)
+            acted.append(logits[:, 0])
+            state = state.reset(ends[:, t])
+        acted = torch.stack(acted, 1)
+        for b, row in enumerate(episodes):
+            start = 0
+            for episode in row:
+                alone, _ = net(episode[None])
+                torch.testing.assert_close(acted[b, start : start + len(episode)], alone[0], atol=1e-5, rtol=1e-5)
+                start += len(episode)
+    assert state.steps.tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="mask must be None"):
+        net(inputs[:, :1], net.initial_state(3), mask=torch.ones(3, 1, dtype=torch.bool))
+    with pytest.raises(TypeError, match="PolicyState of acting"):
+        net(inputs[:, :1], object())
+
+
 def test_padding_does_not_change_valid_outputs(demos):
     net = policy("tlb").eval()
     task = BabyAIDemos(demos)
@@ -253,7 +289,8 @@ def test_policy_bad_input():
 
 
 class Replay(torch.nn.Module):
-    """A policy that plays given action sequences (one per row), then action ``rest``."""
+    """A policy that plays given action sequences (one per row, from each row's episode start), then
+    action ``rest``; its state is the step of each row's episode."""
 
     def __init__(self, actions: list[np.ndarray], rest: int = 0):
         super().__init__()
@@ -261,11 +298,21 @@ class Replay(torch.nn.Module):
         self.unused = torch.nn.Parameter(torch.zeros(1))
 
     def initial_state(self, batch, device=None):
-        return 0
+        return ReplayState(torch.zeros(batch, dtype=torch.long))
 
-    def step(self, features, t):
-        chosen = [int(a[t]) if t < len(a) else self.rest for a in self.actions]
-        return torch.nn.functional.one_hot(torch.tensor(chosen), NUM_ACTIONS).float(), t + 1
+    def forward(self, features, state):
+        steps = state.steps.tolist()
+        chosen = [int(a[t]) if t < len(a) else self.rest for a, t in zip(self.actions, steps, strict=True)]
+        logits = torch.nn.functional.one_hot(torch.tensor(chosen), NUM_ACTIONS).float()
+        return logits[:, None], ReplayState(state.steps + 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayState:
+    steps: torch.Tensor
+
+    def reset(self, done):
+        return ReplayState(self.steps.masked_fill(done, 0))
 
 
 def test_success_rate_counts_episodes_that_reach_the_goal():

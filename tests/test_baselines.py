@@ -6,6 +6,7 @@ pair, per time step) on tiny random inputs.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -668,6 +669,39 @@ def test_transformer_step_writes_in_place_and_a_branch_keeps_every_cache():
     with torch.no_grad():  # buffers made under inference_mode are copied, not written, outside it
         outside, _ = model.step(x[:, 3:4], made_inside)
     torch.testing.assert_close(outside, model(x[:, :4])[0][:, 3:], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("positions", [True, False])
+def test_transformer_step_rows_apart_equal_each_episode_alone(positions):
+    """Rows at their own steps: a row that skips a token (``mask``) or starts a new episode
+    (``cache.reset``) gives, at every valid token, the outputs of one call over that episode's valid
+    tokens alone; skipped tokens give zeros. Once every row has restarted, the dead prefix is dropped."""
+    torch.manual_seed(0)
+    model = Transformer(dim=16, depth=2, num_heads=2, causal=True, positions=positions).double().eval()
+    batch, steps = 3, 70
+    x = torch.randn(batch, steps, 16, dtype=torch.double)
+    done = torch.zeros(batch, steps, dtype=torch.bool)  # True: the row's episode ends after this step
+    done[1, [9, 24, 40]] = done[2, [29, 50]] = done[0, 33] = True
+    done[:, 60] = True  # every row restarts: the cache keeps only what is left to attend to
+    valid = torch.ones(batch, steps, dtype=torch.bool)
+    valid[2, [5, 6, 52]] = valid[0, 61] = False
+    with torch.no_grad():
+        cache, outputs = None, []
+        for t in range(steps):
+            y, cache = model.step(x[:, t : t + 1], cache, mask=valid[:, t : t + 1])
+            outputs.append(y)
+            cache = cache.reset(done[:, t])
+        y = torch.cat(outputs, 1)
+        for b in range(batch):
+            bounds = [0, *(done[b].nonzero().flatten() + 1).tolist(), steps]
+            for start, stop in itertools.pairwise(bounds):
+                keep = valid[b, start:stop]
+                alone, _ = model(x[b : b + 1, start:stop][:, keep])
+                torch.testing.assert_close(y[b, start:stop][keep], alone[0], atol=1e-10, rtol=0)
+                assert (y[b, start:stop][~keep] == 0).all()
+    assert cache.length == steps - 61  # the tokens since the common restart
+    with pytest.raises(TypeError, match="done must be a boolean tensor"):
+        cache.reset(torch.zeros(batch))
 
 
 def test_transformer_step_under_autograd_gives_the_gradients_of_one_call():

@@ -5,8 +5,8 @@ from whole sequences.
   value)``, with paper 001's reconstruction loss (App. A.1) returned to the learner when asked.
 * ``InstructedPolicy`` (behaviour cloning on BabyAI, paper 003 Sec. 4.2, trained by
   ``chronomem.train``): the instruction as one token before the states or at the start of every
-  chunk; acts one step at a time (``step``, with a ``PolicyState``) with the outputs of the
-  whole-episode forward.
+  chunk; acts one step at a time (``step``, with a ``PolicyState``, each row at its own step) with the
+  outputs of the whole-episode forward. No value: ``chronomem.rl.acting`` calls either policy.
 
 They sit above the heads and encoders (``chronomem.heads``, ``chronomem.encoders``) and below the loops
 that drive them (``chronomem.rl``, ``chronomem.train``), which own the state between calls.
@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.checks import check_positive
+from chronomem.checks import check_ended_rows, check_positive
 from chronomem.encoders import MiniGridEncoder
 from chronomem.heads import reconstruction_loss
+from chronomem.layers import concat_states
 
 
 class ActorCritic(nn.Module):
@@ -119,8 +120,9 @@ class InstructedPolicy(nn.Module):
 
     Deviation: one instruction token (the GRU's summary), not one token per word. The core must be
     causal; a stateless core (the Transformer) acts with a cache of each layer's keys and values, so a
-    step costs O(t), not a recomputation of the episode. ``step`` moves every row one step forward from
-    the start of its episode together (a batch of fresh episodes, as the evaluation plays them).
+    step costs O(t), not a recomputation of the episode. Acting, each row is at its own step of its own
+    episode (``PolicyState.steps``; ``state.reset(done)`` starts a row afresh, as
+    ``chronomem.rl.acting.Acting`` does at an episode's end), so the rows need not start together.
     """
 
     PLACEMENTS = ("sequence", "chunk")
@@ -172,9 +174,20 @@ class InstructedPolicy(nn.Module):
     # ---- whole episodes (training) ----------------------------------------------------------------
 
     def forward(self, inputs: Tensor, state=None, mask: Tensor | None = None):
+        """Whole episodes (``state`` None, training): ``logits [B, N, A], None``. Acting (``state`` a
+        ``PolicyState``): ``inputs [B, N, F]`` taken one step at a time from ``state`` (``step``), the
+        logits of each and the state after them, as ``chronomem.rl.acting`` calls a policy."""
+        if isinstance(state, PolicyState):
+            if mask is not None:
+                raise ValueError("acting takes every step: mask must be None when state is a PolicyState")
+            logits = []
+            for t in range(inputs.shape[1]):
+                step_logits, state = self.step(inputs[:, t], state)
+                logits.append(step_logits)
+            return torch.stack(logits, 1), state
         if state is not None:
-            raise TypeError("the whole-episode forward starts every row at its episode's start: state must be None "
-                            "(act one step at a time with step())")
+            raise TypeError("state must be None (whole episodes, each row from its episode's start) or the "
+                            f"PolicyState of acting (policy.initial_state(batch)), got {type(state).__name__}")
         s = self.states(inputs)
         batch, n, dim = s.shape
         valid = torch.ones(batch, n, dtype=torch.bool, device=s.device) if mask is None else mask
@@ -198,36 +211,61 @@ class InstructedPolicy(nn.Module):
 
     def initial_state(self, batch_size: int, device=None) -> PolicyState:
         core_state = self.core.init_state(batch_size, device)
-        return PolicyState(steps=0, instruction=None, core=core_state, cache=None)
+        steps = torch.zeros(check_positive(batch_size, "batch_size"), dtype=torch.long, device=device)
+        return PolicyState(steps=steps, instruction=None, core=core_state, cache=None)
 
     def step(self, features: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        """The logits ``[B, num_actions]`` of one step's ``features [B, F]`` and the next state."""
+        """The logits ``[B, num_actions]`` of one step's ``features [B, F]`` and the next state. Each row
+        is at its own step of its own episode (``state.steps``): a row at its first step reads its mission,
+        and a row that opens a chunk (or, placement "sequence", its episode) takes the instruction token
+        before its state."""
         if not isinstance(state, PolicyState):
             raise TypeError(f"state must be a PolicyState (policy.initial_state(batch)), got {type(state).__name__}")
         inputs = features[:, None]
         s = self.states(inputs)
+        fresh = state.steps == 0
         token = state.instruction
-        if token is None:  # the first step: read the mission
-            token = self.instruction(inputs[:, 0, self.image_features + 1:])
-        opens = state.steps == 0 if self.placement == "sequence" else state.steps % self.period == 0
-        x = torch.cat([token[:, None], s], 1) if opens else s
-        if state.core is None:  # a stateless core: its keys and values so far
-            y, cache = self.core.step(x, state.cache)
-            core_state = None
-        else:
-            y, core_state = self.core(x, state=state.core)
-            cache = None
-        logits = self.out(self.norm(y[:, -1]))
+        if token is None or bool(fresh.any()):  # a row's first step: read its mission
+            read = self.instruction(inputs[:, 0, self.image_features + 1:])
+            token = read if token is None else torch.where(fresh[:, None], read, token)
+        opens = fresh if self.placement == "sequence" else state.steps % self.period == 0
+        with_token = torch.cat([token[:, None], s], 1)
+        core_state, cache = state.core, state.cache
+        if bool(opens.all()) or not bool(opens.any()):  # the rows in step: one call
+            x = with_token if bool(opens.all()) else s
+            if core_state is None:  # a stateless core: its keys and values so far
+                y, cache = self.core.step(x, cache)
+            else:
+                y, core_state = self.core(x, state=core_state)
+            y = y[:, -1]
+        elif core_state is None:  # one cache for the batch: the rows that open no chunk skip a pad
+            pad = torch.stack([opens, torch.ones_like(opens)], 1)
+            y, cache = self.core.step(with_token, cache, mask=pad)
+            y = y[:, -1]
+        else:  # a state splits by rows: the rows that open a chunk, then the others, joined again
+            rows = (opens.nonzero().flatten(), (~opens).nonzero().flatten())
+            parts = [self.core(x[r], state=core_state.select(r)) for x, r in zip((with_token, s), rows, strict=True)]
+            back = torch.cat(rows).argsort()
+            y = torch.cat([part[:, -1] for part, _ in parts])[back]
+            core_state = concat_states([part_state for _, part_state in parts]).select(back)
+        logits = self.out(self.norm(y))
         return logits, PolicyState(state.steps + 1, token, core_state, cache)
 
 
 @dataclass(frozen=True)
 class PolicyState:
-    """``InstructedPolicy``'s state while acting: ``steps`` taken (every row alike), the instruction
-    token ``[B, dim]`` (None before the first step), the core's state, and for a stateless core the
-    ``cache`` (``chronomem.baselines.KVCache``): per layer the keys and values of every token so far."""
+    """``InstructedPolicy``'s state while acting: ``steps [B]`` each row has taken in its episode, the
+    instruction token ``[B, dim]`` (None before the first step), the core's state, and for a stateless
+    core the ``cache`` (``chronomem.baselines.KVCache``): per layer the keys and values of every token so
+    far. ``reset(done)`` starts the rows of ``done [B]`` afresh, as an acting loop does at episode ends."""
 
-    steps: int
+    steps: Tensor
     instruction: Tensor | None
     core: object
     cache: object
+
+    def reset(self, done: Tensor) -> PolicyState:
+        done = check_ended_rows(done, self.steps.shape[0]).to(self.steps.device)
+        core = None if self.core is None else self.core.reset(done)
+        cache = None if self.cache is None else self.cache.reset(done)
+        return PolicyState(self.steps.masked_fill(done, 0), self.instruction, core, cache)

@@ -26,7 +26,7 @@ Deviations from the papers are listed in each class docstring.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from chronomem.checks import (
     check_dropout,
+    check_ended_rows,
     check_even_dim,
     check_heads,
     check_mask,
@@ -151,31 +152,48 @@ class Transformer(nn.Module):
             y = y.masked_fill(~mask[..., None], 0.0)
         return y, None
 
-    def step(self, x: Tensor, cache: KVCache | None = None) -> tuple[Tensor, KVCache]:
+    def step(self, x: Tensor, cache: KVCache | None = None, mask: Tensor | None = None) -> tuple[Tensor, KVCache]:
         """Causal decoding: the outputs for the new tokens ``x [B, n, dim]`` that follow the tokens whose
         keys and values are in ``cache`` (None at the start), and the cache with them. The outputs equal
         those of one ``forward`` over the whole sequence (no mask), at O(t) per token instead of a
         recomputation of the prefix; the new keys and values are written after the old ones in place
-        (``KVCache``), not concatenated."""
+        (``KVCache``), not concatenated.
+
+        Rows need not move together: ``mask [B, n]`` (True = valid) marks tokens a row skips (a pad where
+        another row reads one more token); a skipped token is never attended to, takes no position and
+        its output is zero, as in ``forward``. ``cache.reset(done)`` starts the rows of ``done`` afresh
+        (an acting loop's episode ends), each row's positions counted from its own episode's start."""
         if not self.causal:
             raise ValueError("step decodes causally: build the Transformer with causal=True")
         x = check_tensor(x, "x", 3, self.dim, "[B, N, dim]", dtype=parameter_dtype(self))
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be the KVCache of the previous step (or None), got {type(cache).__name__}")
-        past = 0 if cache is None else cache.length
-        h = x
-        if self.config.positions:
-            pos = torch.arange(past, past + x.shape[1], device=x.device)
-            h = h + sinusoid_from_positions(pos, self.dim).to(x.dtype)
-        h = self.drop(h)
+        batch, n = x.shape[:2]
+        mask = check_mask(mask, "mask", (batch, n))
         heads = self.blocks[0].attn.num_heads
-        cache = (cache or KVCache.empty(len(self.blocks), x.shape[0], heads, self.dim // heads, x)).room_for(x.shape[1])
+        cache = (cache or KVCache.empty(len(self.blocks), batch, heads, self.dim // heads, x)).room_for(n, mask)
+        past, h = cache.length, x
+        if cache.valid is None:  # every row valid from the batch's start: one position per token
+            key_mask = None
+            if self.config.positions:
+                pos = torch.arange(past, past + n, device=x.device)
+                h = h + sinusoid_from_positions(pos, self.dim).to(x.dtype)
+        else:  # positions counted over each row's valid tokens since its episode's start
+            key_mask = cache.write_valid(n, mask)[:, None, None, :]  # [B, 1, 1, past + n]
+            if self.config.positions:
+                new = torch.ones(batch, n, dtype=torch.long, device=x.device) if mask is None else mask.long()
+                pos = cache.count[:, None] + (new.cumsum(1) - 1).clamp_min(0)
+                h = h + sinusoid_from_positions(pos, self.dim).to(x.dtype)
+        h = self.drop(h)
         for i, block in enumerate(self.blocks):
             attn, normed = block.attn, block.norm_attn(h)
             k, v = cache.write(i, *attn.heads_kv(normed))  # every token so far, these included
-            h = h + attn.attend(attn.heads_q(normed), k, v, causal=True)
+            h = h + attn.attend(attn.heads_q(normed), k, v, mask=key_mask, causal=True)
             h = h + block.ff(block.norm_ff(h))
-        return self.norm(h), cache.advanced(x.shape[1])
+        y = self.norm(h)
+        if mask is not None:
+            y = y.masked_fill(~mask[..., None], 0.0)
+        return y, cache.advanced(n, mask)
 
 
 @dataclass(frozen=True)
@@ -188,23 +206,40 @@ class KVCache:
     Only the newest cache of a chain is written in place (``tip``, shared by the chain, holds its
     length). A step from an older cache (a branch), or under autograd (the earlier views are saved for
     the backward pass), first copies the cache's filled part into new buffers, so every cache keeps the
-    values it had."""
+    values it had.
+
+    Rows apart: ``valid [B, capacity]`` marks the filled positions a row may attend to and ``count [B]``
+    its valid tokens since its episode began (both None while every row is valid from the batch's
+    start, the lockstep case, which then runs without a mask). A skipped token (``Transformer.step``'s
+    ``mask``) is written invalid; ``reset(done)`` marks the ended rows' tokens invalid and their count 0."""
 
     keys: tuple[Tensor, ...]
     values: tuple[Tensor, ...]
     length: int
     tip: list[int]  # [length of the chain's newest cache]
+    valid: Tensor | None = None
+    count: Tensor | None = None
 
     @classmethod
     def empty(cls, layers: int, batch: int, heads: int, head_dim: int, like: Tensor) -> KVCache:
         zeros = [like.new_empty(batch, heads, 0, head_dim) for _ in range(2 * layers)]
         return cls(tuple(zeros[:layers]), tuple(zeros[layers:]), 0, [0])
 
-    def room_for(self, n: int) -> KVCache:
-        """This cache, or a copy of it in new buffers, that ``n`` more tokens may be written into."""
+    @property
+    def batch_size(self) -> int:
+        return self.keys[0].shape[0]
+
+    def room_for(self, n: int, mask: Tensor | None = None) -> KVCache:
+        """This cache, or a copy of it in new buffers, that ``n`` more tokens (``mask [B, n]``: which of
+        them are valid, None: all) may be written into."""
+        valid, count = self.valid, self.count
+        if valid is None and mask is not None and not bool(mask.all()):  # the first skipped token: rows part
+            valid = torch.ones(self.batch_size, self.keys[0].shape[-2], dtype=torch.bool, device=mask.device)
+            count = torch.full((self.batch_size,), self.length, dtype=torch.long, device=mask.device)
         capacity, total = self.keys[0].shape[-2], self.length + n
-        if self.tip[0] == self.length and total <= capacity and not torch.is_grad_enabled() and writable(self.keys[0]):
-            return self
+        in_place = self.tip[0] == self.length and total <= capacity and not torch.is_grad_enabled()
+        if in_place and writable(self.keys[0]):
+            return self if valid is self.valid else replace(self, valid=valid, count=count)
         capacity = max(2 * capacity, total, 16) if total > capacity else capacity
 
         def copied(t: Tensor) -> Tensor:
@@ -212,7 +247,12 @@ class KVCache:
             buffer[..., : self.length, :] = t[..., : self.length, :]
             return buffer
 
-        return KVCache(tuple(map(copied, self.keys)), tuple(map(copied, self.values)), self.length, [self.length])
+        if valid is not None:
+            grown = torch.ones(self.batch_size, capacity, dtype=torch.bool, device=valid.device)
+            grown[:, : self.length] = valid[:, : self.length]
+            valid = grown
+        return KVCache(tuple(map(copied, self.keys)), tuple(map(copied, self.values)), self.length, [self.length],
+                       valid, count)
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write one layer's new keys and values ``[B, H, n, Dh]`` after the filled part; the layer's keys
@@ -222,10 +262,45 @@ class KVCache:
         self.values[layer][..., self.length : total, :] = v
         return self.keys[layer][..., :total, :], self.values[layer][..., :total, :]
 
-    def advanced(self, n: int) -> KVCache:
-        """The cache after a step of ``n`` tokens was written (the new tip of the chain)."""
+    def write_valid(self, n: int, mask: Tensor | None) -> Tensor:
+        """Mark the ``n`` new tokens valid where ``mask [B, n]`` says so (None: all); ``[B, length + n]``,
+        which of every token so far a row may attend to."""
+        self.valid[:, self.length : self.length + n] = True if mask is None else mask
+        return self.valid[:, : self.length + n]
+
+    def advanced(self, n: int, mask: Tensor | None = None) -> KVCache:
+        """The cache after a step of ``n`` tokens (``mask [B, n]``, None: all valid) was written (the new
+        tip of the chain)."""
         self.tip[0] = self.length + n
-        return KVCache(self.keys, self.values, self.length + n, self.tip)
+        count = self.count
+        if count is not None:
+            count = count + (n if mask is None else mask.long().sum(1))
+        return KVCache(self.keys, self.values, self.length + n, self.tip, self.valid, count)
+
+    def reset(self, done: Tensor) -> KVCache:
+        """The cache with the rows of ``done [B]`` (bool) started afresh: their tokens so far are never
+        attended to again and their next token takes position 0. Once every row has restarted past a
+        prefix of tokens, at least half of the cache, that prefix is dropped, so a long acting loop holds
+        only what its rows can still attend to."""
+        done = check_ended_rows(done, self.batch_size).to(self.keys[0].device)
+        if not bool(done.any()):
+            return self
+        valid = self.valid
+        if valid is None:
+            valid = torch.ones(self.batch_size, self.keys[0].shape[-2], dtype=torch.bool, device=done.device)
+        valid = valid.clone()
+        valid[done, : self.length] = False
+        count = torch.full((self.batch_size,), self.length, dtype=torch.long, device=done.device)
+        count = (count if self.count is None else self.count).masked_fill(done, 0)
+        filled = valid[:, : self.length]
+        first = torch.where(filled.any(1), filled.float().argmax(1), torch.full_like(count, self.length))
+        cut = int(first.min())
+        if cut < max(16, self.length - cut):
+            return KVCache(self.keys, self.values, self.length, self.tip, valid, count)
+        kept = self.length - cut
+        keys = tuple(t[..., cut : self.length, :].clone() for t in self.keys)
+        values = tuple(t[..., cut : self.length, :].clone() for t in self.values)
+        return KVCache(keys, values, kept, [kept], valid[:, cut : self.length].clone(), count)
 
 
 # ============================================================================================

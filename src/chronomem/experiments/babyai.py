@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch import nn
 
 from chronomem.experiments.base import Experiment, Scale, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
@@ -115,69 +117,58 @@ def build_policy(model: str, s: BabyAIScale):
 def success_rate(policy, level: str, episodes: int, seed: int = EVAL_SEED, max_steps: int | None = None) -> float:
     """The share of ``episodes`` fresh episodes of ``level`` (seeds ``seed, seed + 1, ...``) in which
     ``policy`` reaches the goal within the level's step limit (and ``max_steps``, if given), acting one
-    step at a time with its state carried and the most likely action. The episodes run side by side as
-    one batch; a finished one is left alone while the others go on."""
-    import torch
-
+    step at a time with its state carried and the most likely action (``chronomem.rl.acting.Acting``).
+    The episodes run side by side as one batch; a finished row goes on into a new episode, which is
+    not counted, while the others go on."""
     from chronomem.checks import check_positive
-    from chronomem.tasks.babyai import make_level, quiet_reset, step_features
+    from chronomem.rl.acting import Acting, most_likely
+    from chronomem.tasks.babyai import level_vector_env
 
     check_positive(episodes, "episodes")
-    envs = [make_level(level) for _ in range(episodes)]
+    envs = level_vector_env(level, episodes)
+    was_training = policy.training
     try:
-        features = np.stack([step_features(quiet_reset(env, seed + i)[0]) for i, env in enumerate(envs)])
-        running, success = np.ones(episodes, bool), np.zeros(episodes, bool)
+        obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])
         first = next(iter(policy.parameters()), None)
         device = torch.device("cpu") if first is None else first.device
-        was_training = policy.training
         policy.eval()
-        state, steps = policy.initial_state(episodes, device), 0
-        with torch.inference_mode():
-            while running.any() and (max_steps is None or steps < max_steps):
-                logits, state = policy.step(torch.as_tensor(features, device=device), state)
-                actions = logits.argmax(-1).cpu().numpy()
-                for i in np.flatnonzero(running):
-                    obs, reward, terminated, truncated, _ = envs[i].step(int(actions[i]))
-                    features[i] = step_features(obs)
-                    success[i] = terminated and reward > 0
-                    running[i] = not (terminated or truncated)
-                steps += 1
-        policy.train(was_training)
+        acting = Acting(policy, envs, obs, policy.initial_state(episodes, device), choose=most_likely)
+        running, success, steps = np.ones(episodes, bool), np.zeros(episodes, bool), 0
+        while running.any() and (max_steps is None or steps < max_steps):
+            step = acting.step()
+            success[running] = (step.terminated & (step.reward > 0))[running]
+            running &= ~step.done
+            steps += 1
     finally:
-        for env in envs:
-            env.close()
+        policy.train(was_training)
+        envs.close()
     return float(success.mean())
 
 
-class RandomPolicy:
+class RandomPolicy(nn.Module):
     """The reference of the success rates: an action drawn uniformly at every step. Its state is the
-    random generator (seeded by ``seed``), carried like a model's."""
-
-    training = False
+    random generator (seeded by ``seed``), carried like a model's; an episode's end changes nothing."""
 
     def __init__(self, seed: int = 0):
+        super().__init__()
         self.seed = seed
 
-    def parameters(self):
-        return iter(())
+    def initial_state(self, batch_size: int, device=None) -> RandomState:
+        return RandomState(torch.Generator().manual_seed(self.seed))
 
-    def train(self, mode: bool = True):
-        return self
-
-    def eval(self):
-        return self
-
-    def initial_state(self, batch_size: int, device=None):
-        import torch
-
-        return torch.Generator().manual_seed(self.seed)
-
-    def step(self, features, generator):
-        import torch
-
+    def forward(self, features, state: RandomState):
         from chronomem.tasks.babyai import NUM_ACTIONS
 
-        return torch.rand(features.shape[0], NUM_ACTIONS, generator=generator), generator
+        logits = torch.rand(features.shape[0], NUM_ACTIONS, generator=state.generator)
+        return logits[:, None], state
+
+
+@dataclass(frozen=True)
+class RandomState:
+    generator: torch.Generator
+
+    def reset(self, done) -> RandomState:
+        return self
 
 
 # --------------------------------------------------------------------------------------------

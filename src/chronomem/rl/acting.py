@@ -3,7 +3,8 @@
 ``Acting`` owns what acting decides about episodes: an episode ends where the env says
 ``terminated | truncated``, and the agent's state of the rows that ended goes back to the initial state
 (``state.reset``) before the next step. PPO's rollouts (``rl.ppo.collect``), the evaluation
-(``rl.evaluate.evaluate``) and the GIF's single episode all act through it; each keeps only what it
+(``rl.evaluate.evaluate``), the GIF's single episode and BabyAI's success rate
+(``chronomem.experiments.babyai.success_rate``, a policy without a value) all act through it; each keeps only what it
 needs from the ``ActingStep`` it gets back. How an action is chosen is the caller's (``choose``): PPO
 samples and keeps the log-probability, the evaluation samples or takes the most likely action.
 
@@ -66,12 +67,19 @@ def most_likely(logits: Tensor) -> tuple[Tensor, None]:
 def act(agent, obs, state, choose: Choose | None = None):
     """One step of the agent on the batched observation ``obs`` (arrays or tensors, ``[B, ...]``):
     ``(action [B], log-probability, value, state after the step, observation as tensors)``; without
-    ``choose`` (a value alone: a bootstrap) no action is drawn and action and log-probability are None."""
-    device = next(agent.parameters()).device
-    obs_t = as_tensor(obs, device)
-    logits, value, state = agent(obs_map(lambda x: x.unsqueeze(1), obs_t), state)
+    ``choose`` (a value alone: a bootstrap) no action is drawn and action and log-probability are None.
+
+    The policy interface: ``agent(obs [B, 1, ...], state)`` returns ``(logits [B, 1, A], value, state)``
+    (an actor-critic, ``chronomem.agents.ActorCritic``) or ``(logits, state)`` (a policy without a
+    value, such as ``chronomem.agents.InstructedPolicy``: the value is then None);
+    ``agent.initial_state(B, device)`` is the state of B fresh episodes, and ``state.reset(done [B])``
+    starts the rows of ``done`` afresh, each row at its own step of its own episode."""
+    first = next(iter(agent.parameters()), None)
+    obs_t = as_tensor(obs, torch.device("cpu") if first is None else first.device)
+    out = agent(obs_map(lambda x: x.unsqueeze(1), obs_t), state)
+    logits, value, state = out if len(out) == 3 else (out[0], None, out[1])
     action, logprob = (None, None) if choose is None else choose(logits[:, 0])
-    return action, logprob, value[:, 0], state, obs_t
+    return action, logprob, None if value is None else value[:, 0], state, obs_t
 
 
 @dataclass
@@ -83,7 +91,7 @@ class ActingStep:
     obs: Any
     action: Tensor
     logprob: Tensor | None
-    value: Tensor
+    value: Tensor | None  # None for a policy without a value
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
@@ -115,7 +123,7 @@ class Acting:
         self.obs, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
         self.env_seconds += time.perf_counter() - tic
         done = terminated | truncated
-        self.state = state.reset(torch.as_tensor(done, device=value.device)) if done.any() else state
+        self.state = state.reset(torch.as_tensor(done, device=action.device)) if done.any() else state
         return ActingStep(obs_t, action, logprob, value, reward, terminated, truncated, info, state)
 
 

@@ -100,6 +100,28 @@ def step_features(obs: dict) -> np.ndarray:
                            np.asarray(obs["mission"], np.uint8)])
 
 
+def level_vector_env(level: str, num_envs: int):
+    """``num_envs`` copies of the level as one vector env with same-step autoreset (what
+    ``chronomem.rl.acting.Acting`` steps), each observation its step features, quiet while it resets."""
+    import gymnasium as gym
+
+    class StepFeatures(gym.ObservationWrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            self.observation_space = gym.spaces.Box(0, 255, (STEP_FEATURES,), np.uint8)
+
+        def reset(self, **kwargs):
+            with contextlib.redirect_stdout(io.StringIO()):
+                return super().reset(**kwargs)
+
+        def observation(self, obs):
+            return step_features(obs)
+
+    check_positive(num_envs, "num_envs")
+    return gym.vector.SyncVectorEnv([lambda: StepFeatures(make_level(level)) for _ in range(num_envs)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
 # --------------------------------------------------------------------------------------------
 # Demonstrations
 # --------------------------------------------------------------------------------------------
