@@ -115,13 +115,14 @@ SCALES = {
     # per rollout; the apples' return learned apart, --reward-part, a deviation: with four epochs, or one
     # value, the LSTM did not hold 90% on the control in 20,000 episodes; no reconstruction loss, a
     # deviation: with it the memoryless agent settled on wrong answers in some cases of the control); the
-    # same number of episodes (of choices) at every distractor length; the control 10,000 episodes (every
-    # probe without the loss learned it within 6,100); checkpoints every ~0.4M frames for --resume.
+    # same number of episodes (of choices) at every distractor length; the control 20,000 episodes, the
+    # probes' budget: the learning rate anneals over a run's frames, so a shorter control run learns more
+    # slowly than the probes' first 20,000 episodes did (docs/rl.md); checkpoints every ~0.4M frames.
     "quick": TVTScale(
         distractors=(30, 90, 250), episodes=15_000, seeds=3, eval_episodes=300,
         ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=8, lr=1e-3,
                  ent_coef=0.01, norm_adv=True, reward_part="apple_reward", reconstruction=0.0, checkpoint_every=200),
-        models=CPU_MODELS, control_episodes=10_000),
+        models=CPU_MODELS, control_episodes=20_000),
     # Longer distractors, more episodes, wider agents, one value (the paper's IMPALA learns one): sized
     # for a GPU (docs/rl.md: 3,465 frames/s for this HTM agent on an H100, 8,174 for the LSTM), never run.
     "paper": TVTScale(
