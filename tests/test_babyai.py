@@ -315,6 +315,28 @@ class ReplayState:
         return ReplayState(self.steps.masked_fill(done, 0))
 
 
+def test_one_episode_envs_idle_after_their_episode():
+    """An evaluation's env plays its seeded episode, then idles: the same observation, reward 0, no end."""
+    bot = generate_demos(LEVEL, 2, seed=500)
+    actions = [bot.episode(i)["action"] for i in range(2)]
+    envs = babyai.level_vector_env(LEVEL, 2, one_episode=True)
+    try:
+        obs, _ = envs.reset(seed=[500, 501])
+        ended = np.zeros(2, bool)
+        for t in range(max(map(len, actions)) + 3):
+            chosen = [int(a[t]) if t < len(a) else 0 for a in actions]
+            before = obs.copy()
+            obs, reward, terminated, truncated, _ = envs.step(np.array(chosen))
+            for i in np.flatnonzero(ended):  # already played out
+                assert not terminated[i] and not truncated[i] and reward[i] == 0
+                np.testing.assert_array_equal(obs[i], before[i])
+            ended |= terminated | truncated
+            assert ended[[i for i in range(2) if t == len(actions[i]) - 1]].all()  # the bot's last action ends it
+        assert ended.all()
+    finally:
+        envs.close()
+
+
 def test_success_rate_counts_episodes_that_reach_the_goal():
     from chronomem.experiments.babyai import RandomPolicy, success_rate
 

@@ -118,14 +118,14 @@ def success_rate(policy, level: str, episodes: int, seed: int = EVAL_SEED, max_s
     """The share of ``episodes`` fresh episodes of ``level`` (seeds ``seed, seed + 1, ...``) in which
     ``policy`` reaches the goal within the level's step limit (and ``max_steps``, if given), acting one
     step at a time with its state carried and the most likely action (``chronomem.rl.acting.Acting``).
-    The episodes run side by side as one batch; a finished row goes on into a new episode, which is
-    not counted, while the others go on."""
+    The episodes run side by side as one batch; a finished row's env idles (``one_episode``) while the
+    others go on."""
     from chronomem.checks import check_positive
     from chronomem.rl.acting import Acting, most_likely
     from chronomem.tasks.babyai import level_vector_env
 
     check_positive(episodes, "episodes")
-    envs = level_vector_env(level, episodes)
+    envs = level_vector_env(level, episodes, one_episode=True)
     was_training = policy.training
     try:
         obs, _ = envs.reset(seed=[seed + i for i in range(episodes)])

@@ -100,9 +100,13 @@ def step_features(obs: dict) -> np.ndarray:
                            np.asarray(obs["mission"], np.uint8)])
 
 
-def level_vector_env(level: str, num_envs: int):
+def level_vector_env(level: str, num_envs: int, one_episode: bool = False):
     """``num_envs`` copies of the level as one vector env with same-step autoreset (what
-    ``chronomem.rl.acting.Acting`` steps), each observation its step features, quiet while it resets."""
+    ``chronomem.rl.acting.Acting`` steps), each observation its step features, quiet while it resets.
+
+    ``one_episode`` (an evaluation of fixed episodes): each env plays the episode of its seeded
+    ``reset`` and then idles, its later steps returning its last observation, reward 0 and no end,
+    without stepping or generating a level, so rows that finished early cost no environment time."""
     import gymnasium as gym
 
     class StepFeatures(gym.ObservationWrapper):
@@ -117,9 +121,29 @@ def level_vector_env(level: str, num_envs: int):
         def observation(self, obs):
             return step_features(obs)
 
+    class OneEpisode(gym.Wrapper):
+        last = None  # the ended episode's last observation, once it ended
+
+        def reset(self, *, seed=None, options=None):
+            if self.last is not None and seed is None:  # the vector env's autoreset: idle
+                return self.last, {}
+            self.last = None
+            return self.env.reset(seed=seed, options=options)
+
+        def step(self, action):
+            if self.last is not None:
+                return self.last, 0.0, False, False, {}
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                self.last = obs
+            return obs, reward, terminated, truncated, info
+
+    def make():
+        env = StepFeatures(make_level(level))
+        return OneEpisode(env) if one_episode else env
+
     check_positive(num_envs, "num_envs")
-    return gym.vector.SyncVectorEnv([lambda: StepFeatures(make_level(level)) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.vector.SyncVectorEnv([make for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 # --------------------------------------------------------------------------------------------
