@@ -165,6 +165,8 @@ class RandomPolicy(nn.Module):
 
 @dataclass(frozen=True)
 class RandomState:
+    """``RandomPolicy``'s state: its generator, which an episode's end leaves as it is."""
+
     generator: torch.Generator
 
     def reset(self, done) -> RandomState:
