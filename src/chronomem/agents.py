@@ -229,10 +229,11 @@ class InstructedPolicy(nn.Module):
             read = self.instruction(inputs[:, 0, self.image_features + 1:])
             token = read if token is None else torch.where(fresh[:, None], read, token)
         opens = fresh if self.placement == "sequence" else state.steps % self.period == 0
-        with_token = torch.cat([token[:, None], s], 1)
+        all_open, any_open = bool(opens.all()), bool(opens.any())
+        with_token = torch.cat([token[:, None], s], 1) if any_open else None  # only where a row opens
         core_state, cache = state.core, state.cache
-        if bool(opens.all()) or not bool(opens.any()):  # the rows in step: one call
-            x = with_token if bool(opens.all()) else s
+        if all_open or not any_open:  # the rows in step: one call
+            x = with_token if all_open else s
             if core_state is None:  # a stateless core: its keys and values so far
                 y, cache = self.core.step(x, cache)
             else:
