@@ -9,7 +9,10 @@ An agent drives its memory core in two ways (docs/design.md, "Episode boundaries
   chunked cores, so a chunk's commit is counted once per chunk, as in acting) and divides by their
   number; the table shows the median over ``--repeats``, the env-steps per second ``B / seconds``
   and the ratio to the LSTM's step. Every repeat starts from the same steady state, so memories
-  that grow with time (MemRNN, MemLSTM: every past step) are timed at ``--fill`` steps.
+  that grow with time (MemRNN, MemLSTM: every past step) are timed at ``--fill`` steps. With
+  ``--compile BACKEND`` each core also runs under ``torch.compile(backend=BACKEND)`` (the same module
+  and state, timed in the same rounds; the warm-up round compiles), and its outputs are compared
+  with the eager ones (``max_diff``).
 * **learning**: one call over a stored rollout ``x [B, 128, D]`` from the steady state, forward and
   backward of ``mean(y^2)``, without and with episode ends inside it (``done``, each step with
   probability 1/64); the ratio is (with dones) / (without). A core that refuses ``done`` (an
@@ -23,6 +26,7 @@ machine's load hits every core alike. One thread by default.
 
     python benchmarks/core_step.py                      # every core, dim 64, depth 2, 4 heads, B = 16
     python benchmarks/core_step.py --cores lstm htm --repeats 10 --json runs/core_step.json
+    python benchmarks/core_step.py --cores transformer-xl htm --compile inductor --rollout 0
 """
 
 from __future__ import annotations
@@ -111,6 +115,16 @@ def time_acting(model, state, inputs: torch.Tensor) -> float:
         return (time.perf_counter() - start) / len(inputs)
 
 
+def acting_outputs(model, state, inputs: torch.Tensor) -> torch.Tensor:
+    """The outputs ``[steps, B, 1, D]`` of ``inputs`` fed one call per step from ``state``."""
+    with torch.inference_mode():
+        outputs = []
+        for x in inputs:
+            y, state = model(x, state=state)
+            outputs.append(y)
+        return torch.stack(outputs)
+
+
 def time_learning(model, state, x: torch.Tensor, done: torch.Tensor | None) -> float:
     """Seconds of one forward + backward of ``mean(y^2)`` over the rollout ``x`` from ``state``."""
     model.zero_grad(set_to_none=True)
@@ -127,31 +141,39 @@ def _cores_and_states(cores, dim, depth, heads, batch, fill, seed):
 
 
 def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1024, steps=32, repeats=20,
-                seed=0) -> list[dict]:
+                seed=0, compile_backend: str | None = None) -> list[dict]:
     """One row per core: ``ms`` per step (median over repeats), ``env_steps_per_s`` and ``ratio`` to the
-    reference core's ``ms`` (``REFERENCE``, which ``cores`` must hold)."""
+    reference core's eager ``ms`` (``REFERENCE``, which ``cores`` must hold); ``compiled`` None. With
+    ``compile_backend`` each core's row is followed by its compiled twin's (``compiled`` the backend,
+    ``max_diff`` the largest difference of its outputs from the eager ones over the timed steps)."""
     if not any(core.name == REFERENCE for core in cores):
         raise ValueError(f"cores must include the reference {REFERENCE!r}")
     models, states = _cores_and_states(cores, dim, depth, heads, batch, fill, seed)
     inputs = torch.randn(steps, batch, 1, dim, generator=torch.Generator().manual_seed(seed + 1))
-    seconds = [[] for _ in cores]
-    for repeat in range(repeats + 1):  # the first round is a warm-up
-        for index, model in enumerate(models):
-            t = time_acting(model, states[index], inputs)
+    # (core, backend, callable, state): each compiled twin shares its eager module's weights and state
+    runs = []
+    for core, model, state in zip(cores, models, states, strict=True):
+        runs.append((core, None, model, state))
+        if compile_backend is not None:
+            runs.append((core, compile_backend, torch.compile(model, backend=compile_backend), state))
+    seconds = [[] for _ in runs]
+    for repeat in range(repeats + 1):  # the first round is a warm-up (and compiles)
+        for index, (_, _, model, state) in enumerate(runs):
+            t = time_acting(model, state, inputs)
             if repeat:
                 seconds[index].append(t)
     medians = [statistics.median(s) for s in seconds]
-    reference = medians[next(i for i, core in enumerate(cores) if core.name == REFERENCE)]
-    return [
-        {
-            "core": core.name,
-            "options": core.label,
-            "ms": 1000 * median,
-            "env_steps_per_s": batch / median,
-            "ratio": median / reference,
-        }
-        for core, median in zip(cores, medians, strict=True)
-    ]
+    reference = medians[next(i for i, run in enumerate(runs) if run[0].name == REFERENCE and run[1] is None)]
+    rows, eager_outputs = [], None
+    for (core, backend, model, state), median in zip(runs, medians, strict=True):
+        row = {"core": core.name, "options": core.label, "compiled": backend, "ms": 1000 * median,
+               "env_steps_per_s": batch / median, "ratio": median / reference}
+        if backend is None:
+            eager_outputs = acting_outputs(model, state, inputs)
+        else:
+            row["max_diff"] = float((acting_outputs(model, state, inputs) - eager_outputs).abs().max())
+        rows.append(row)
+    return rows
 
 
 def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, length=128, fill=1024, repeats=5,
@@ -195,8 +217,11 @@ def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, leng
 def format_acting(rows: list[dict]) -> str:
     lines = [f"{'core':16s} {'options':42s} {'ms/step':>8s} {'env-steps/s':>12s} {'x lstm':>7s}"]
     for r in rows:
-        lines.append(f"{r['core']:16s} {r['options']:42s} {r['ms']:8.3f} {r['env_steps_per_s']:12.0f} "
-                     f"{r['ratio']:7.2f}")
+        line = (f"{r['core']:16s} {r['options']:42s} {r['ms']:8.3f} {r['env_steps_per_s']:12.0f} "
+                f"{r['ratio']:7.2f}")
+        if r["compiled"] is not None:
+            line += f"  compiled ({r['compiled']}), max |difference| {r['max_diff']:.1e}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -225,6 +250,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout", type=int, default=128, help="steps of the learning call (0: skip it)")
     p.add_argument("--learn-repeats", type=int, default=5, help="timed repeats of the learning path")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    p.add_argument("--compile", default=None, metavar="BACKEND",
+                   help="also time each core's acting step under torch.compile(backend=BACKEND), e.g. inductor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="OUT", help="write the config and both tables here")
     return p
@@ -246,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
     width = dict(dim=args.dim, depth=args.depth, heads=args.heads, batch=args.batch, fill=args.fill, seed=args.seed)
     start = time.perf_counter()
     measured = Measured(log=print).start()
-    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, **width)
+    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, compile_backend=args.compile, **width)
     print(f"acting: x [{args.batch}, 1, {args.dim}], depth {args.depth}, {args.heads} heads, state after "
           f"{args.fill} steps, {torch.get_num_threads()} thread(s), inference_mode, median of {args.repeats} "
           f"x {args.steps} steps")

@@ -39,12 +39,31 @@ def test_acting_rows_structure_and_ratios_to_the_lstm():
     reference = next(r for r in rows if r["core"] == "lstm")
     assert reference["ratio"] == pytest.approx(1.0)
     for r in rows:
-        assert set(r) == {"core", "options", "ms", "env_steps_per_s", "ratio"}
+        assert set(r) == {"core", "options", "compiled", "ms", "env_steps_per_s", "ratio"} and r["compiled"] is None
         assert r["ms"] > 0
         assert r["ratio"] == pytest.approx(r["ms"] / reference["ms"])
         assert r["env_steps_per_s"] == pytest.approx(TINY["batch"] / (r["ms"] / 1000))
     table = core_step.format_acting(rows).splitlines()
     assert len(table) == len(rows) + 1 and "ms/step" in table[0]
+
+
+def test_compiled_rows_follow_their_eager_rows_with_the_outputs_compared(monkeypatch):
+    cores = core_step.select_cores(["transformer-xl"])[:2]
+    rows = core_step.acting_rows(cores, steps=2, repeats=1, compile_backend="eager", **TINY)
+    assert [(r["core"], r["compiled"]) for r in rows] == [("lstm", None), ("lstm", "eager"),
+                                                          ("transformer-xl", None), ("transformer-xl", "eager")]
+    assert rows[0]["ratio"] == pytest.approx(1.0)  # the reference is the eager LSTM
+    for r in rows[1::2]:
+        assert r["max_diff"] < 1e-5
+        assert r["ratio"] == pytest.approx(r["ms"] / rows[0]["ms"])
+    assert "compiled (eager)" in core_step.format_acting(rows).splitlines()[2]
+
+    # a compiled step that computes something else shows in max_diff
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, backend: (lambda x, state: (
+        lambda y, s: (y + 1, s))(*real_compile(model, backend=backend)(x, state=state))))
+    rows = core_step.acting_rows(cores[:1], steps=2, repeats=1, compile_backend="eager", **TINY)
+    assert rows[1]["max_diff"] == pytest.approx(1.0)
 
 
 def test_acting_rows_need_the_reference():
