@@ -23,6 +23,7 @@ implementations alternating, so a change of the machine's load hits both alike.
 
     python benchmarks/ppo_peer.py                       # seeds 1 2 3
     python benchmarks/ppo_peer.py --seeds 1 --max-frames 200000 --json runs/ppo_peer.json
+    python benchmarks/ppo_peer.py --seeds 1 2 3 4 5 --variant ours "minibatches of 4-step windows"
     python benchmarks/ppo_peer.py --ablate --seeds 1 2 3 4 5 --jobs 2   # one difference at a time
 
 ``--ablate`` (frames only, so runs may share the cores): torch-ac, then ours with one of its
@@ -224,29 +225,37 @@ def ablation_table(records: list[dict], max_frames: int) -> str:
 
 
 def table(records: list[dict], max_frames: int) -> str:
-    lines = [f"{'seed':>4}  {'implementation':<10}  {'frames/s':>9}  {'frames to ' + str(TARGET):>16}  {'seconds':>8}"]
+    """Per run, then the medians of each implementation (ours per ``--variant``) and their ratios to torch-ac's."""
+    def label(r):
+        return r["name"] if r["ablation"] in ("ours", "torch-ac") else f"chronomem, {r['ablation']}"
+
+    width = max(14, *(len(label(r)) for r in records))
+    lines = [f"{'seed':>4}  {'implementation':<{width}}  {'frames/s':>9}  {'frames to ' + str(TARGET):>16}  "
+             f"{'seconds':>8}"]
     for r in records:
         reached = f"{r['reached']:,}" if r["reached"] else f"> {max_frames:,}"
-        lines.append(f"{r['seed']:>4}  {r['name']:<10}  {r['fps']:>9,.0f}  {reached:>16}  {r['seconds']:>8.1f}")
+        lines.append(f"{r['seed']:>4}  {label(r):<{width}}  {r['fps']:>9,.0f}  {reached:>16}  {r['seconds']:>8.1f}")
     summary = {}
-    for name in RUNNERS:
-        mine = [r for r in records if r["name"] == name]
+    for name in dict.fromkeys(label(r) for r in records):
+        mine = [r for r in records if label(r) == name]
         summary[name] = {"fps": statistics.median(r["fps"] for r in mine),
                          "reached": statistics.median(r["reached"] or float("inf") for r in mine),
                          "seconds": statistics.median(seconds_to_target(r) for r in mine),
                          "solved": sum(r["reached"] is not None for r in mine), "runs": len(mine)}
     lines.append("")
-    lines.append(f"{'median':<16}  {'frames/s':>9}  {'frames to ' + str(TARGET):>16}  {'seconds to ' + str(TARGET):>15}"
-                 f"  {'solved':>7}")
+    lines.append(f"{'median':<{width}}  {'frames/s':>9}  {'frames to ' + str(TARGET):>16}  "
+                 f"{'seconds to ' + str(TARGET):>15}  {'solved':>7}")
     for name, s in summary.items():
         reached = f"{s['reached']:,.0f}" if s["reached"] != float("inf") else "not reached"
         seconds = f"{s['seconds']:,.1f}" if s["seconds"] != float("inf") else "not reached"
-        lines.append(f"{name:<16}  {s['fps']:>9,.0f}  {reached:>16}  {seconds:>15}  {s['solved']:>3}/{s['runs']}")
-    ours, peer = summary["chronomem"], summary["torch-ac"]
+        lines.append(f"{name:<{width}}  {s['fps']:>9,.0f}  {reached:>16}  {seconds:>15}  {s['solved']:>3}/{s['runs']}")
+    peer = summary["torch-ac"]
     lines.append("")
-    lines.append(f"ratio chronomem / torch-ac: seconds to {TARGET} {ratio(ours['seconds'], peer['seconds'])} "
-                 f"(target <= 0.6), frames to {TARGET} {ratio(ours['reached'], peer['reached'])} (target <= 1.0), "
-                 f"frames/s {ours['fps'] / peer['fps']:.2f}x")
+    for name, ours in summary.items():
+        if name != "torch-ac":
+            lines.append(f"ratio {name} / torch-ac: seconds to {TARGET} {ratio(ours['seconds'], peer['seconds'])} "
+                         f"(target <= 0.6), frames to {TARGET} {ratio(ours['reached'], peer['reached'])} "
+                         f"(target <= 1.0), frames/s {ours['fps'] / peer['fps']:.2f}x")
     return "\n".join(lines)
 
 
@@ -270,6 +279,9 @@ def main(argv=None) -> None:
                              f"(default: torch-ac and every one of {', '.join(ABLATIONS)}; named variants run "
                              "without torch-ac unless 'torch-ac' is named too); runs --jobs at a time")
     parser.add_argument("--jobs", type=int, default=1, help="--ablate: runs at a time (one per core)")
+    parser.add_argument("--variant", nargs="+", default=["ours"], metavar="VARIANT",
+                        help="side by side: our settings for each seed, one or more of ABLATIONS' names "
+                             "(e.g. 'minibatches of 4-step windows'; default: ours)")
     parser.add_argument("--ablation", default="ours", choices=sorted(ABLATIONS), help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=sorted(RUNNERS), help=argparse.SUPPRESS)  # a child process's run
     args = parser.parse_args(argv)
@@ -282,6 +294,9 @@ def main(argv=None) -> None:
         options = {"ablation": args.ablation} if args.one == "chronomem" else {}
         print(json.dumps(RUNNERS[args.one](args.seeds[0], args.max_frames, **options)))
         return
+    unknown = [v for v in args.variant if v not in ABLATIONS]
+    if unknown:
+        parser.error(f"--variant: unknown variants {unknown}; choose from {', '.join(ABLATIONS)}")
     if args.ablate is not None:
         unknown = [v for v in args.ablate if v not in ABLATIONS and v != "torch-ac"]
         if unknown:
@@ -303,10 +318,10 @@ def main(argv=None) -> None:
     records = []
     measured = Measured(threads=1, log=print).start()  # the runs' processes: one torch thread each
     for seed in args.seeds:
-        for name in RUNNERS:
-            records.append(measure(name, seed, args.max_frames))
+        for name, variant in [("torch-ac", "ours"), *(("chronomem", v) for v in args.variant)]:
+            records.append(measure(name, seed, args.max_frames, variant))
             r = records[-1]
-            print(f"  {name}, seed {seed}: {r['fps']:,.0f} frames/s, reached {TARGET} at {r['reached']}",
+            print(f"  {r['ablation']}, seed {seed}: {r['fps']:,.0f} frames/s, reached {TARGET} at {r['reached']}",
                   file=sys.stderr, flush=True)
     print(table(records, args.max_frames))
     measured.stop()

@@ -81,8 +81,9 @@ def test_the_ablation_table_gives_each_variant_against_torch_ac():
 def test_the_peer_table_gives_the_median_seconds_to_the_target_and_its_ratio():
     """The headline is the wall-clock time to 0.9: a run's seconds count only where it reached 0.9 (it
     stops there); a run that never did is never, not its seconds."""
-    def record(name, seed, seconds, reached):
-        return {"name": name, "seed": seed, "seconds": seconds, "reached": reached, "fps": 1000.0}
+    def record(name, seed, seconds, reached, variant="ours"):
+        return {"name": name, "ablation": "torch-ac" if name == "torch-ac" else variant, "seed": seed,
+                "seconds": seconds, "reached": reached, "fps": 1000.0}
 
     records = [record("torch-ac", 1, 30.0, 60_000), record("torch-ac", 2, 50.0, 80_000),
                record("torch-ac", 3, 40.0, 70_000),
@@ -95,6 +96,13 @@ def test_the_peer_table_gives_the_median_seconds_to_the_target_and_its_ratio():
     assert "seconds to 0.9 0.60x (target <= 0.6), frames to 0.9 1.43x (target <= 1.0), frames/s 1.00x" in text
     never = [record("torch-ac", 1, 30.0, 60_000), record("chronomem", 1, 5.0, None)]
     assert "seconds to 0.9 - " in ppo_peer.table(never, max_frames=400_000)
+    # another of our settings (--variant) gets its own medians and ratios
+    windows = "minibatches of 4-step windows"
+    text = ppo_peer.table(records + [record("chronomem", s, 12.0, 70_000 + s, windows) for s in (1, 2, 3)],
+                          max_frames=400_000)
+    assert "chronomem / torch-ac: seconds to 0.9 0.60x" in text
+    assert (f"ratio chronomem, {windows} / torch-ac: seconds to 0.9 0.30x (target <= 0.6), frames to 0.9 1.00x"
+            in text)
 
 
 def test_a_setting_may_bring_its_own_core_and_core_options(monkeypatch):
