@@ -1,12 +1,14 @@
 """What slows Visual Match's choice? One PPO run on the control at a short distractor (the colour also
-shown at the choice, so no memory is needed), with changes to the agent's settings or to the env
-(``env.KEY=VALUE``: e.g. ``env.apple_rewards=0.0``, no apples), until 90% of a logged update's choices
-are right or a frame cap; then an evaluation of 200 episodes. One JSON line per run (docs/rl.md, "Visual
-Match": the probes).
+shown at the choice, so no memory is needed), with changes to the agent's settings, to its core
+(``core.KEY=VALUE``, the builder's options) or to the env (``env.KEY=VALUE``: e.g.
+``env.apple_rewards=0.0``, no apples; ``env.control=False``, the task itself; ``env.cue_cell=0``, the
+cue always on one wall cell), until 90% of a logged update's choices are right or a frame cap; then an
+evaluation of 200 episodes. One JSON line per run (docs/rl.md, "Visual Match": the probes).
 
     python benchmarks/visual_match_probe.py starter --core mlp
     python benchmarks/visual_match_probe.py no-apples --core mlp env.apple_rewards=0.0 --jsonl runs/probes.jsonl
     python benchmarks/visual_match_probe.py raw-advantages --core mlp norm_adv=False
+    python benchmarks/visual_match_probe.py htm-task --core htm core.chunk_size=16 env.control=False
 
 Key-to-Door through the env's keywords: ``env.game='key_to_door' env.mode='active'`` (``env.control=False``
 for the task itself).
@@ -27,7 +29,7 @@ BASE = dict(dim=64, depth=1, hidden=64, visual="cells", num_envs=16, num_steps=1
 
 
 def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: int, frames: int, seed: int,
-          out: str | None = None) -> dict:
+          out: str | None = None, core_options: dict | None = None) -> dict:
     import gymnasium as gym
     import torch
 
@@ -44,11 +46,12 @@ def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: in
     settings = {**BASE, "stop_success": 0.9, **changes}  # stop_success=None: the whole run
     args = Args(env=env_id, core=core, **settings, total_frames=frames, seed=seed, progress=False, log_every=1, out=out)
     start = time.perf_counter()
-    result = train(args)
+    result = train(args, core_options or {})
     rows = [row for row in result.history if "success_rate" in row]
     measured = evaluate(result.agent, env_id, 200, progress=False)
     kls = sorted(row["approx_kl"] for row in result.history)
-    return {"name": name, "core": core, "env": env_changes, "args": changes, "distractor": distractor, "seed": seed,
+    return {"name": name, "core": core, "core_options": core_options or {}, "env": env_changes, "args": changes,
+            "distractor": distractor, "seed": seed,
             "frames": result.frames, "seconds": round(time.perf_counter() - start),
             "learned": rows[-1]["success_rate"] >= 0.9,
             "first_update_at_0.9": next((row["step"] for row in rows if row["success_rate"] >= 0.9), None),
@@ -61,7 +64,8 @@ def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: in
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("name")
-    parser.add_argument("changes", nargs="*", metavar="KEY=VALUE", help="Args fields, or env.KEY for the env's")
+    parser.add_argument("changes", nargs="*", metavar="KEY=VALUE",
+                        help="Args fields, env.KEY for the env's, core.KEY for the core's options")
     parser.add_argument("--core", default="mlp")
     parser.add_argument("--distractor", type=int, default=5)
     parser.add_argument("--frames", type=int, default=400_000)
@@ -70,14 +74,16 @@ def main(argv=None) -> None:
     parser.add_argument("--out", help="keep the run (config, metrics, final checkpoint) in this new directory, e.g. "
                                       "for benchmarks/visual_match_cases.py")
     args = parser.parse_intermixed_args(argv)
-    changes, env_changes = {}, {}
+    changes, env_changes, core_options = {}, {}, {}
     for pair in args.changes:
         key, _, value = pair.partition("=")
         if not value:
             parser.error(f"changes must be KEY=VALUE, got {pair!r}")
-        target = env_changes if key.startswith("env.") else changes
-        target[key.removeprefix("env.")] = ast.literal_eval(value)
-    record = probe(args.name, args.core, changes, env_changes, args.distractor, args.frames, args.seed, args.out)
+        prefix = key.partition(".")[0] + "." if key.startswith(("env.", "core.")) else ""
+        target = {"env.": env_changes, "core.": core_options}.get(prefix, changes)
+        target[key.removeprefix(prefix)] = ast.literal_eval(value)
+    record = probe(args.name, args.core, changes, env_changes, args.distractor, args.frames, args.seed, args.out,
+                   core_options)
     print(json.dumps(record))
     if args.jsonl:
         with open(Path(args.jsonl), "a") as f:

@@ -88,6 +88,23 @@ def test_native_equals_sync_with_a_time_limit_and_a_reset_mask():
         assert_same(reference.step(action), native.step(action), f"step {t}")
 
 
+def test_cue_cell_puts_every_cue_on_one_wall_cell_and_leaves_the_other_draws():
+    counts = play(visual_match_id("passive", 5), 4, 400, seed=2, cue_cell=7)  # single == vector, step for step
+    assert counts["success"] and counts["failure"], counts
+    fixed, drawn = TVTEnv(distractor=5, cue_cell=7), TVTEnv(distractor=5)
+    cues = set()
+    for seed in range(12):
+        obs, _ = fixed.reset(seed=seed)
+        drawn.reset(seed=seed)
+        assert fixed.layout.cue == 7 and fixed.layout == Layout(**{**vars(drawn.layout), "cue": 7})
+        assert obs["grid"][CUE_CELLS[7]][COLOUR + fixed.layout.colours[fixed.layout.target]] == 1
+        cues.add(drawn.layout.cue)
+    assert len(cues) > 3  # without it the cue moves
+    vector = TVTVectorEnv(3, distractor=5, cue_cell=7)
+    vector.reset(seed=0)
+    assert [layout.cue for layout in vector.layouts] == [7, 7, 7]
+
+
 def _layout(**fields) -> Layout:
     base = dict(start=2, apples=tuple(range(10)), apple_reward=10.0, cue=0, colours=(2, 0, 1), target=1, key=4)
     return Layout(**{**base, **fields})
@@ -243,6 +260,8 @@ def test_env_checker_and_registered_ids():
     ({"game": "chess"}, "game"), ({"mode": "lazy"}, "mode"), ({"observation": "rgb"}, "observation"),
     ({"distractor": 0}, "distractor"), ({"num_apples": 23}, "num_apples"), ({"apple_rewards": ()}, "apple_rewards"),
     ({"control": 1}, "control"), ({"game": "key_to_door", "control": "yes"}, "control"),
+    ({"cue_cell": 26}, "cue_cell"), ({"cue_cell": 1.0}, "cue_cell"),
+    ({"game": "key_to_door", "cue_cell": 0}, "cue_cell"),
 ])
 def test_bad_construction_names_the_argument(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -118,6 +118,16 @@ def test_the_visual_match_probe_runs_and_records(tmp_path):
     record = json.loads(out.read_text())
     assert record["env"] == {"apple_rewards": 0.0} and record["args"] == {"num_envs": 4, "num_minibatches": 2}
     assert record["frames"] == 1024 and 0.0 <= record["eval_success"] <= 1.0
+    # the task itself, its cue on one wall cell, and a core's options
+    subprocess.run([sys.executable, str(script), "task", "--frames", "1024", "--core", "htm", "num_envs=4",
+                    "num_minibatches=2", "env.control=False", "env.cue_cell=3", "core.chunk_size=4",
+                    "core.memory_size=3", "core.top_k=2", "--out", str(tmp_path / "run"), "--jsonl", str(out)],
+                   check=True, capture_output=True)
+    record = json.loads(out.read_text().splitlines()[1])
+    assert record["env"] == {"control": False, "cue_cell": 3}
+    assert record["core_options"] == {"chunk_size": 4, "memory_size": 3, "top_k": 2}
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["core_options"]["chunk_size"] == 4 and config["core_options"]["memory_size"] == 3
 
 
 # ---- a reward part learned apart (Args.reward_part) -------------------------------------------------------

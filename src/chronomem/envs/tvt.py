@@ -169,10 +169,13 @@ class Layout:
         return self.colours[self.target]
 
 
-def sample_layout(rng: np.random.Generator, game: str, num_apples: int, apple_rewards: tuple[float, ...]) -> Layout:
-    """One episode's draws, in a fixed order (the vector env draws the same from the same generator)."""
+def sample_layout(rng: np.random.Generator, game: str, num_apples: int, apple_rewards: tuple[float, ...],
+                  cue_cell: int | None = None) -> Layout:
+    """One episode's draws, in a fixed order (the vector env draws the same from the same generator);
+    ``cue_cell`` (Visual Match) puts the cue on that wall cell whatever was drawn."""
     if game == "visual_match":
         cue = int(rng.integers(len(CUE_CELLS)))
+        cue = cue if cue_cell is None else cue_cell
         start = int(rng.integers(len(START_CELLS)))
         colours = tuple(int(c) for c in rng.permutation(NUM_COLOURS))
         target = int(rng.integers(NUM_COLOURS))
@@ -259,6 +262,17 @@ def check_options(game, mode, observation, distractor, explore, reward, num_appl
     return lengths, tuple(float(r) for r in apple_rewards)
 
 
+def check_cue_cell(cue_cell, game: str) -> int | None:
+    """``cue_cell`` if it is None or, for Visual Match, an index into ``CUE_CELLS``; else a ValueError."""
+    if cue_cell is None:
+        return None
+    if game != "visual_match" or isinstance(cue_cell, bool) or not isinstance(cue_cell, (int, np.integer)) or not (
+            0 <= cue_cell < len(CUE_CELLS)):
+        raise ValueError(f"cue_cell must be None or, for game='visual_match', an index 0-{len(CUE_CELLS) - 1} "
+                         f"into the wall cells, got {cue_cell!r} (game={game!r})")
+    return int(cue_cell)
+
+
 def view_shape(mode: str) -> tuple[int, int]:
     return (CROP, CROP) if mode == "active" else (ROWS, COLS)
 
@@ -275,18 +289,21 @@ class TVTEnv(gym.Env if gym is not None else object):
 
     ``TVTEnv(game="visual_match" | "key_to_door", mode="passive" | "active", observation="symbolic" |
     "pixels", distractor=90, explore=15, reward=15, num_apples=10, apple_rewards=(1.0, 10.0),
-    final_reward=10.0, control=False)``."""
+    final_reward=10.0, control=False, cue_cell=None)``. ``cue_cell`` (not in the reference, a diagnostic):
+    Visual Match's cue always on that one of the 26 wall cells, so that telling its colour needs no
+    reading of where it is (docs/rl.md, "Visual Match": what blocks the memory)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
 
     def __init__(self, game: str = "visual_match", mode: str = "passive", observation: str = "symbolic",
                  distractor: int = 90, explore: int = EXPLORE, reward: int = REWARD, num_apples: int = 10,
                  apple_rewards: tuple[float, ...] = (1.0, 10.0), final_reward: float = 10.0, control: bool = False,
-                 render_mode: str | None = None):
+                 cue_cell: int | None = None, render_mode: str | None = None):
         if gym is None:
             raise ModuleNotFoundError("TVTEnv needs gymnasium: pip install 'chronomem[rl]'")
         self.lengths, self.apple_rewards = check_options(game, mode, observation, distractor, explore, reward,
                                                          num_apples, apple_rewards, final_reward, control)
+        self.cue_cell = check_cue_cell(cue_cell, game)
         self.game, self.mode, self.observation, self.control = game, mode, observation, control
         self.num_apples, self.final_reward = num_apples, float(final_reward)
         if render_mode not in (None, "rgb_array"):
@@ -301,7 +318,7 @@ class TVTEnv(gym.Env if gym is not None else object):
         super().reset(seed=seed)
         layout = (options or {}).get("layout")
         if layout is None:
-            layout = sample_layout(self.np_random, self.game, self.num_apples, self.apple_rewards)
+            layout = sample_layout(self.np_random, self.game, self.num_apples, self.apple_rewards, self.cue_cell)
         self.layout = check_layout(layout, self.num_apples, "options['layout']")
         self._steps, self._apples, self._success, self._has_key, self._apple_now = 0, 0.0, False, False, 0.0
         self._done = False

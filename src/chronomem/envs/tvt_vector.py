@@ -51,6 +51,7 @@ from chronomem.envs.tvt import (
     SQUARES,
     WALL,
     Layout,
+    check_cue_cell,
     check_layout,
     check_options,
     observation_space,
@@ -86,7 +87,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
     def __init__(self, num_envs: int, game: str = "visual_match", mode: str = "passive", observation: str = "symbolic",
                  distractor: int = 90, explore: int = EXPLORE, reward: int = REWARD, num_apples: int = 10,
                  apple_rewards: tuple[float, ...] = (1.0, 10.0), final_reward: float = 10.0, control: bool = False,
-                 max_episode_steps: int | None = None):
+                 cue_cell: int | None = None, max_episode_steps: int | None = None):
         if gym is None:
             raise ModuleNotFoundError("TVTVectorEnv needs gymnasium: pip install 'chronomem[rl]'")
         self.num_envs = check_num_envs(num_envs)
@@ -95,6 +96,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
         self.lengths = np.array(lengths)
         self.game, self.mode, self.observation, self.control = game, mode, observation, control
         self.num_apples, self.final_reward = num_apples, float(final_reward)
+        self.cue_cell = check_cue_cell(cue_cell, game)
         self.max_episode_steps = check_max_episode_steps(max_episode_steps)
         self.single_observation_space = observation_space(mode, observation)
         self.single_action_space = gym.spaces.Discrete(len(MOVES))
@@ -122,7 +124,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
     def _start(self, rows, given: list | None = None) -> None:
         for row in rows:
             layout = given[row] if given is not None and given[row] is not None else (
-                sample_layout(self._rngs[int(row)], self.game, self.num_apples, self.apple_rewards))
+                sample_layout(self._rngs[int(row)], self.game, self.num_apples, self.apple_rewards, self.cue_cell))
             self.layouts[row] = layout
             for phase in range(3):
                 self._boards[row, phase] = phase_board(self.game, phase, layout, self.control)
