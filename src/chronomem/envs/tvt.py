@@ -291,7 +291,7 @@ class TVTEnv(gym.Env if gym is not None else object):
     "pixels", distractor=90, explore=15, reward=15, num_apples=10, apple_rewards=(1.0, 10.0),
     final_reward=10.0, control=False, cue_cell=None)``. ``cue_cell`` (not in the reference, a diagnostic):
     Visual Match's cue always on that one of the 26 wall cells, so that telling its colour needs no
-    reading of where it is (docs/rl.md, "Visual Match": what blocks the memory)."""
+    reading of where it is (docs/rl.md, "The memory runs are not learned at quick")."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
 
