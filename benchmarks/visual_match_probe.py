@@ -75,13 +75,13 @@ def main(argv=None) -> None:
                                       "for benchmarks/visual_match_cases.py")
     args = parser.parse_intermixed_args(argv)
     changes, env_changes, core_options = {}, {}, {}
+    targets = {"": changes, "env": env_changes, "core": core_options}  # KEY, env.KEY, core.KEY
     for pair in args.changes:
         key, _, value = pair.partition("=")
-        if not value:
-            parser.error(f"changes must be KEY=VALUE, got {pair!r}")
-        prefix = key.partition(".")[0] + "." if key.startswith(("env.", "core.")) else ""
-        target = {"env.": env_changes, "core.": core_options}.get(prefix, changes)
-        target[key.removeprefix(prefix)] = ast.literal_eval(value)
+        scope, _, field = key.rpartition(".")
+        if not value or scope not in targets:
+            parser.error(f"changes must be KEY=VALUE, env.KEY=VALUE or core.KEY=VALUE, got {pair!r}")
+        targets[scope][field] = ast.literal_eval(value)
     record = probe(args.name, args.core, changes, env_changes, args.distractor, args.frames, args.seed, args.out,
                    core_options)
     print(json.dumps(record))

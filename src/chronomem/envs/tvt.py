@@ -174,8 +174,8 @@ def sample_layout(rng: np.random.Generator, game: str, num_apples: int, apple_re
     """One episode's draws, in a fixed order (the vector env draws the same from the same generator);
     ``cue_cell`` (Visual Match) puts the cue on that wall cell whatever was drawn."""
     if game == "visual_match":
-        cue = int(rng.integers(len(CUE_CELLS)))
-        cue = cue if cue_cell is None else cue_cell
+        drawn = int(rng.integers(len(CUE_CELLS)))  # drawn either way: the later draws stay the same
+        cue = drawn if cue_cell is None else cue_cell
         start = int(rng.integers(len(START_CELLS)))
         colours = tuple(int(c) for c in rng.permutation(NUM_COLOURS))
         target = int(rng.integers(NUM_COLOURS))
