@@ -240,6 +240,27 @@ def test_projected_distances_are_kept_outside_autograd_and_never_stale():
         assert ra(x.double(), context.double()).dtype == torch.float64
 
 
+def test_projected_distances_compile_into_one_graph_across_layers():
+    """Under torch.compile the kept ``W_kr R`` is not used: its key (a weight's address) would break the
+    graph and recompile once per layer. Several layers acting compile whole (``fullgraph``), once, and
+    give eager's numbers."""
+    _seed(7)
+    layers = torch.nn.ModuleList(RelativeAttention(8, 2) for _ in range(3))
+
+    def act(x, memory):
+        for layer in layers:
+            x = layer(x, torch.cat([memory, x], 1))
+        return x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(act, backend="eager", fullgraph=True)
+    x, memory = torch.randn(2, 1, 8), torch.randn(2, 5, 8)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            close(compiled(x, memory), act(x, memory), 1e-6)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("n_q,n_k", [(1, 1), (1, 5), (3, 3), (4, 9), (5, 7)])
 def test_relative_shift_matches_gather(n_q, n_k):
     scores = torch.randn(2, 3, n_q, n_k + n_q - 1)

@@ -297,15 +297,23 @@ class RelativeAttention(nn.Module):
         It depends only on the shape and ``W_kr``, so outside autograd (an agent acting, generation:
         the same ``Nk`` and ``Nq`` at every step) the last one is kept and reused while the shape, dtype,
         device and ``W_kr`` (its storage and version counter, which an optimizer step or a
-        ``load_state_dict`` bumps) are the same; under autograd it is always computed."""
+        ``load_state_dict`` bumps) are the same; under autograd it is always computed.
+
+        Under ``torch.compile`` it is always computed too: the compiled graph holds it, and a key made of
+        a weight's address would break the graph and recompile for every layer."""
+        if torch.compiler.is_compiling():
+            return self._project_distances(n_key, n_q, dtype, device)
         weight = self.to_r.weight
         key = (n_key, n_q, dtype, str(device), weight.data_ptr(), weight._version)
         if not torch.is_grad_enabled() and self._distances_cache is not None and self._distances_cache[0] == key:
             return self._distances_cache[1]
-        dist = torch.arange(n_key - 1, -n_q, -1, device=device)  # Nk - 1, ..., -(Nq - 1)
-        r = self.to_r(sinusoid_from_positions(dist, self.dim).to(dtype))
+        r = self._project_distances(n_key, n_q, dtype, device)
         self._distances_cache = None if torch.is_grad_enabled() else (key, r)
         return r
+
+    def _project_distances(self, n_key: int, n_q: int, dtype: torch.dtype, device) -> Tensor:
+        dist = torch.arange(n_key - 1, -n_q, -1, device=device)  # Nk - 1, ..., -(Nq - 1)
+        return self.to_r(sinusoid_from_positions(dist, self.dim).to(dtype))
 
     def _apply(self, fn, *args, **kwargs):
         self._distances_cache = None  # .to(), .double(), ...: new weights, possibly at the same address
