@@ -13,6 +13,8 @@ from chronomem.envs.make import make_vector_env  # noqa: E402
 from chronomem.envs.tvt import (  # noqa: E402
     APPLE_CELLS,
     CUE_CELLS,
+    MODES,
+    PASSIVE_CUE_CELL,
     SQUARE_CELLS,
     SYMBOLS,
     Layout,
@@ -91,7 +93,7 @@ def test_native_equals_sync_with_a_time_limit_and_a_reset_mask():
 def test_cue_cell_puts_every_cue_on_one_wall_cell_and_leaves_the_other_draws():
     counts = play(visual_match_id("passive", 5), 4, 400, seed=2, cue_cell=7)  # single == vector, step for step
     assert counts["success"] and counts["failure"], counts
-    fixed, drawn = TVTEnv(distractor=5, cue_cell=7), TVTEnv(distractor=5)
+    fixed, drawn = TVTEnv(distractor=5, cue_cell=7), TVTEnv(distractor=5, cue_cell="any")
     cues = set()
     for seed in range(12):
         obs, _ = fixed.reset(seed=seed)
@@ -103,6 +105,30 @@ def test_cue_cell_puts_every_cue_on_one_wall_cell_and_leaves_the_other_draws():
     vector = TVTVectorEnv(3, distractor=5, cue_cell=7)
     vector.reset(seed=0)
     assert [layout.cue for layout in vector.layouts] == [7, 7, 7]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_passive_cue_sits_ahead_of_the_start_and_the_active_one_anywhere(mode):
+    """DMLab's passive level shows the colour right in front of the agent, the active one anywhere
+    (tvt/dmlab/README.md): passive episodes put it on the top wall's middle, active ones draw it, and
+    ``cue_cell="any"`` draws it in the passive mode too; single and vector envs alike."""
+    assert CUE_CELLS[PASSIVE_CUE_CELL] == (0, 5)
+    default, anywhere = TVTEnv(mode=mode, distractor=5), TVTEnv(mode=mode, distractor=5, cue_cell="any")
+    vector = TVTVectorEnv(12, mode=mode, distractor=5)
+    vector.reset(seed=list(range(12)))
+    cues = {"default": set(), "any": set()}
+    for seed in range(12):
+        default.reset(seed=seed)
+        anywhere.reset(seed=seed)
+        assert default.layout == vector.layouts[seed]
+        cues["default"].add(default.layout.cue)
+        cues["any"].add(anywhere.layout.cue)
+        assert default.layout == Layout(**{**vars(anywhere.layout), "cue": default.layout.cue})  # nothing else moves
+    assert len(cues["any"]) > 3
+    assert cues["default"] == ({PASSIVE_CUE_CELL} if mode == "passive" else cues["any"])
+    if mode == "passive":
+        obs, _ = default.reset(seed=0)
+        assert obs["grid"][0, 5, COLOUR + default.layout.target_colour] == 1
 
 
 def _layout(**fields) -> Layout:
@@ -260,7 +286,8 @@ def test_env_checker_and_registered_ids():
     ({"game": "chess"}, "game"), ({"mode": "lazy"}, "mode"), ({"observation": "rgb"}, "observation"),
     ({"distractor": 0}, "distractor"), ({"num_apples": 23}, "num_apples"), ({"apple_rewards": ()}, "apple_rewards"),
     ({"control": 1}, "control"), ({"game": "key_to_door", "control": "yes"}, "control"),
-    ({"cue_cell": 26}, "cue_cell"), ({"cue_cell": 1.0}, "cue_cell"),
+    ({"cue_cell": 26}, "cue_cell"), ({"cue_cell": 1.0}, "cue_cell"), ({"cue_cell": "front"}, "cue_cell"),
+    ({"game": "key_to_door", "mode": "active", "cue_cell": "any"}, "cue_cell"),
     ({"game": "key_to_door", "cue_cell": 0}, "cue_cell"),
 ])
 def test_bad_construction_names_the_argument(kwargs, match):

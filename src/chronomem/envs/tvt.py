@@ -5,9 +5,11 @@ Fig. 6a row is the passive Visual Match.
 An episode is three phases, each its own 7x11 board, each ended by a timer (the reference's
 ``DEFAULT_MAX_FRAMES_PER_PHASE``: 15, 90 and 15 actions; ``distractor=`` sets the middle one):
 
-1. **explore.** Visual Match: a room whose wall has one cell painted the *target colour* (one of the
-   room's 26 wall cells). Key-to-Door: a room with a key on one of 10 cells; stepping on it takes it
-   (and lights an indicator at the top of the wall for one frame).
+1. **explore.** Visual Match: a room whose wall has one cell painted the *target colour*: in the active
+   mode (as released) one of the room's 26 wall cells, drawn per episode; in the passive mode the middle
+   of the top wall, straight ahead of the start cells (``cue_cell``, below). Key-to-Door: a room with a
+   key on one of 10 cells; stepping on it takes it (and lights an indicator at the top of the wall for
+   one frame).
 2. **distractor.** ``num_apples`` (10) apples on cells drawn from the reference's apple grid (22 cells);
    eating one pays the episode's apple reward, drawn once per episode from ``apple_rewards`` ((1, 10):
    TVT's flags with ``fix_apple_reward_in_episode``), and it grows back 21 frames after it was eaten
@@ -28,7 +30,12 @@ Observations are dicts of one grid of cells. ``mode="active"`` (the released gam
 centred on the player (the reference's ``ScrollingCropper`` with margins 2; cells beyond the board are
 floor), so the agent must walk to see the colour. ``mode="passive"`` (paper 001's Fig. 6a, after TVT's
 DMLab ``passive_visual_match``; the 2D version is ours): the whole 7x11 board, so the colour is in view
-from the first frame, with nothing to explore. ``observation="symbolic"``: ``{"grid": uint8 [H, W, 9]}``,
+from the first frame, with nothing to explore. TVT's DMLab levels differ in where the colour is
+(``tvt/dmlab/README.md``): passive, "a colour square right in front of the agent"; active, "randomly
+placed". So in our passive mode the colour sits on one fixed wall cell, the middle of the top wall
+(``PASSIVE_CUE_CELL``), at the same place in every frame as DMLab's square in front of the agent;
+``cue_cell="any"`` draws it among the 26 as the active mode does, and an index puts it on that cell
+(diagnostics: docs/rl.md, "The memory runs are not learned at quick"). ``observation="symbolic"``: ``{"grid": uint8 [H, W, 9]}``,
 per cell the channels ``SYMBOLS`` (a coloured cell sets one colour channel; floor is all zeros; the
 player sets its channel over what it stands on); ``"pixels"``: ``{"image": uint8 [H, W, 3]}``, one pixel
 per cell as the reference renders (its ``FIXED_COLOURS`` scaled to 255, the player drawn on top).
@@ -131,6 +138,7 @@ _REWARD_VM = ["###########", "# b  c  e #", "#         #", "#         #", "#### 
 _REWARD_KD = ["           ", "   ##d##   ", "   #   #   ", "   # + #   ", "   #   #   ", "   #####   ", "           "]
 
 CUE_CELLS = _cells(_EXPLORE_VM, "p")  # 26 wall cells, one of which shows the target colour
+PASSIVE_CUE_CELL = CUE_CELLS.index((0, 5))  # the passive mode's: the top wall's middle, ahead of the starts
 START_CELLS = _cells(_EXPLORE_VM, "+")  # 10 (the same cells in both explore rooms)
 KEY_CELLS = _cells(_EXPLORE_KD, "k")  # 10
 APPLE_CELLS = _cells(_APPLES, "a")  # 22
@@ -262,14 +270,20 @@ def check_options(game, mode, observation, distractor, explore, reward, num_appl
     return lengths, tuple(float(r) for r in apple_rewards)
 
 
-def check_cue_cell(cue_cell, game: str) -> int | None:
-    """``cue_cell`` if it is None or, for Visual Match, an index into ``CUE_CELLS``; else a ValueError."""
+def check_cue_cell(cue_cell, game: str, mode: str) -> int | None:
+    """The wall cell every episode's cue sits on, or None where it is drawn per episode.
+
+    ``cue_cell``: None, the mode's own (passive: ``PASSIVE_CUE_CELL``; active, and Key-to-Door: drawn);
+    ``"any"``: drawn among the 26; an index into ``CUE_CELLS``: that cell. Anything else, or a cue for
+    Key-to-Door, is a ValueError."""
     if cue_cell is None:
+        return PASSIVE_CUE_CELL if game == "visual_match" and mode == "passive" else None
+    if game == "visual_match" and isinstance(cue_cell, str) and cue_cell == "any":
         return None
     if game != "visual_match" or isinstance(cue_cell, bool) or not isinstance(cue_cell, (int, np.integer)) or not (
             0 <= cue_cell < len(CUE_CELLS)):
-        raise ValueError(f"cue_cell must be None or, for game='visual_match', an index 0-{len(CUE_CELLS) - 1} "
-                         f"into the wall cells, got {cue_cell!r} (game={game!r})")
+        raise ValueError(f"cue_cell must be None, 'any' or an index 0-{len(CUE_CELLS) - 1} into the wall cells, "
+                         f"and None for Key-to-Door; got {cue_cell!r} (game={game!r})")
     return int(cue_cell)
 
 
@@ -289,21 +303,21 @@ class TVTEnv(gym.Env if gym is not None else object):
 
     ``TVTEnv(game="visual_match" | "key_to_door", mode="passive" | "active", observation="symbolic" |
     "pixels", distractor=90, explore=15, reward=15, num_apples=10, apple_rewards=(1.0, 10.0),
-    final_reward=10.0, control=False, cue_cell=None)``. ``cue_cell`` (not in the reference, a diagnostic):
-    Visual Match's cue always on that one of the 26 wall cells, so that telling its colour needs no
-    reading of where it is (docs/rl.md, "The memory runs are not learned at quick")."""
+    final_reward=10.0, control=False, cue_cell=None)``. ``cue_cell``: where Visual Match's cue sits, None
+    for the mode's own place (the module docstring), ``"any"`` to draw it among the 26 wall cells, an
+    index to put it on that one (``check_cue_cell``)."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
 
     def __init__(self, game: str = "visual_match", mode: str = "passive", observation: str = "symbolic",
                  distractor: int = 90, explore: int = EXPLORE, reward: int = REWARD, num_apples: int = 10,
                  apple_rewards: tuple[float, ...] = (1.0, 10.0), final_reward: float = 10.0, control: bool = False,
-                 cue_cell: int | None = None, render_mode: str | None = None):
+                 cue_cell: int | str | None = None, render_mode: str | None = None):
         if gym is None:
             raise ModuleNotFoundError("TVTEnv needs gymnasium: pip install 'chronomem[rl]'")
         self.lengths, self.apple_rewards = check_options(game, mode, observation, distractor, explore, reward,
                                                          num_apples, apple_rewards, final_reward, control)
-        self.cue_cell = check_cue_cell(cue_cell, game)
+        self.cue_cell = check_cue_cell(cue_cell, game, mode)  # None: drawn per episode
         self.game, self.mode, self.observation, self.control = game, mode, observation, control
         self.num_apples, self.final_reward = num_apples, float(final_reward)
         if render_mode not in (None, "rgb_array"):

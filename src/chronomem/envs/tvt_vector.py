@@ -87,7 +87,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
     def __init__(self, num_envs: int, game: str = "visual_match", mode: str = "passive", observation: str = "symbolic",
                  distractor: int = 90, explore: int = EXPLORE, reward: int = REWARD, num_apples: int = 10,
                  apple_rewards: tuple[float, ...] = (1.0, 10.0), final_reward: float = 10.0, control: bool = False,
-                 cue_cell: int | None = None, max_episode_steps: int | None = None):
+                 cue_cell: int | str | None = None, max_episode_steps: int | None = None):
         if gym is None:
             raise ModuleNotFoundError("TVTVectorEnv needs gymnasium: pip install 'chronomem[rl]'")
         self.num_envs = check_num_envs(num_envs)
@@ -96,7 +96,7 @@ class TVTVectorEnv(gym.vector.VectorEnv if gym is not None else object):
         self.lengths = np.array(lengths)
         self.game, self.mode, self.observation, self.control = game, mode, observation, control
         self.num_apples, self.final_reward = num_apples, float(final_reward)
-        self.cue_cell = check_cue_cell(cue_cell, game)
+        self.cue_cell = check_cue_cell(cue_cell, game, mode)  # None: drawn per episode
         self.max_episode_steps = check_max_episode_steps(max_episode_steps)
         self.single_observation_space = observation_space(mode, observation)
         self.single_action_space = gym.spaces.Discrete(len(MOVES))
