@@ -506,6 +506,34 @@ def test_lstm_matches_manual_steps():
     assert model.out_dim == 7
 
 
+def test_lstm_forget_bias_starts_the_forget_gates_there_and_nothing_else():
+    """``forget_bias=1``: every layer's forget-gate biases sum to 1 and the forget gate of a zero input and
+    state is sigmoid(1); the other parameters are torch's, drawn as without it; bad values are named."""
+    _seed(13)
+    plain = LSTM(dim=5, depth=2, hidden=7)
+    _seed(13)
+    biased = LSTM(dim=5, depth=2, hidden=7, forget_bias=1.0)
+    forget = slice(7, 14)
+    for (name, p), q in zip(plain.named_parameters(), biased.parameters(), strict=True):
+        if "bias" not in name:
+            assert torch.equal(p, q), name
+            continue
+        keep = torch.ones(28, dtype=torch.bool)
+        keep[forget] = False
+        assert torch.equal(p[keep], q[keep]), name
+    for layer in range(2):
+        total = getattr(biased.lstm, f"bias_ih_l{layer}") + getattr(biased.lstm, f"bias_hh_l{layer}")
+        assert torch.equal(total[forget], torch.ones(7))
+    _, _, c = naive_lstm(biased, torch.zeros(1, 1, 5), torch.zeros(1, 2, 7), torch.ones(1, 2, 7))
+    # a zero input and h: the first layer's gates are its biases alone, its forget gate sigmoid(1)
+    gates = biased.lstm.bias_ih_l0 + biased.lstm.bias_hh_l0
+    i, f, g = torch.sigmoid(gates[:7]), torch.sigmoid(gates[7:14]), torch.tanh(gates[14:21])
+    close(c[:, 0], (f * 1.0 + i * g)[None], 1e-6)
+    close(f, torch.full((7,), torch.sigmoid(torch.tensor(1.0)).item()), 1e-6)
+    with pytest.raises(TypeError, match="forget_bias"):
+        LSTM(dim=5, forget_bias="one")
+
+
 def test_lstm_padding_invariance():
     _seed(12)
     model = LSTM(dim=4, depth=2, hidden=6)

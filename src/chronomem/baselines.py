@@ -785,6 +785,13 @@ class LSTM(CausalCore):
     ``nn.LSTM`` call per stretch, the ended rows reset in between); with a mask it steps through time
     and resets rows after their dones.
 
+    ``forget_bias=b`` starts every layer's forget gates at bias ``b`` (the sum of ``nn.LSTM``'s two bias
+    vectors there; the other gates keep torch's initialisation): ``b = 1`` as TensorFlow's LSTM cells
+    (``forget_bias=1.0``) and Keras (``unit_forget_bias``) do by default, after Gers et al. (2000) and
+    Jozefowicz et al. (2015), so that a new LSTM keeps most of its cell from step to step (a gate of
+    ``sigmoid(1) = 0.73`` rather than ``0.5``). None (the default) leaves torch's initialisation, as
+    CleanRL's and torch-ac's agents do.
+
     Defaults: hidden 128 (paper 004's Copy/Denoise LSTM). Always causal.
     """
 
@@ -794,6 +801,7 @@ class LSTM(CausalCore):
         depth: int = 1
         hidden: int | None = None  # defaults to dim
         dropout: float = 0.0  # between stacked layers (nn.LSTM semantics)
+        forget_bias: float | None = None  # the forget gates' starting bias (None: torch's initialisation)
 
     def __init__(self, config: Config | None = None, **kwargs):
         super().__init__()
@@ -807,6 +815,14 @@ class LSTM(CausalCore):
         self.hidden = self.out_dim = cfg.dim if cfg.hidden is None else cfg.hidden
         self.lstm = nn.LSTM(cfg.dim, self.hidden, num_layers=cfg.depth, batch_first=True,
                             dropout=cfg.dropout if cfg.depth > 1 else 0.0)
+        if cfg.forget_bias is not None:
+            if isinstance(cfg.forget_bias, bool) or not isinstance(cfg.forget_bias, (int, float)):
+                raise TypeError(f"forget_bias must be a number or None, got {cfg.forget_bias!r}")
+            forget = slice(self.hidden, 2 * self.hidden)  # nn.LSTM's gates: input, forget, cell, output
+            with torch.no_grad():
+                for layer in range(cfg.depth):
+                    getattr(self.lstm, f"bias_ih_l{layer}")[forget] = float(cfg.forget_bias)
+                    getattr(self.lstm, f"bias_hh_l{layer}")[forget] = 0.0
 
     def init_state(self, batch_size: int, device=None) -> LSTMState:
         check_positive(batch_size, "batch_size")

@@ -35,10 +35,11 @@ from the first frame, with nothing to explore. TVT's DMLab levels differ in wher
 placed". So in our passive mode the colour sits on one fixed wall cell, the middle of the top wall
 (``PASSIVE_CUE_CELL``), at the same place in every frame as DMLab's square in front of the agent;
 ``cue_cell="any"`` draws it among the 26 as the active mode does, and an index puts it on that cell
-(diagnostics: docs/rl.md, "The memory runs are not learned at quick"). ``observation="symbolic"``: ``{"grid": uint8 [H, W, 9]}``,
-per cell the channels ``SYMBOLS`` (a coloured cell sets one colour channel; floor is all zeros; the
-player sets its channel over what it stands on); ``"pixels"``: ``{"image": uint8 [H, W, 3]}``, one pixel
-per cell as the reference renders (its ``FIXED_COLOURS`` scaled to 255, the player drawn on top).
+(diagnostics: docs/rl.md, "The memory runs are not learned at quick").
+``observation="symbolic"``: ``{"grid": uint8 [H, W, 9]}``, per cell the channels ``SYMBOLS`` (a coloured
+cell sets one colour channel; floor is all zeros; the player sets its channel over what it stands on);
+``"pixels"``: ``{"image": uint8 [H, W, 3]}``, one pixel per cell as the reference renders (its
+``FIXED_COLOURS`` scaled to 255, the player drawn on top).
 
 ``control=True`` (not in the reference) removes the memory demand; it is the control every setting must
 learn first (docs/rl.md, "Controls"). Visual Match: the reward room also shows the target colour, on the
