@@ -363,6 +363,8 @@ def test_resume_continues_the_run(tmp_path):
     assert resumed.frames == 192 and resumed.seconds >= first.seconds
     rows = read_metrics(out / "metrics.csv")
     assert [int(r["step"]) for r in rows] == [48, 96, 144, 192]
+    assert resumed.history[:2] == first.history  # the whole run's history: curves and MMER span it
+    assert [r["step"] for r in resumed.history] == [48, 96, 144, 192]
     # from an earlier checkpoint: the later rows and checkpoints are set aside, the run goes on from there
     again = train(tiny_args(total_frames=192, checkpoint_every=1, out=str(out)), resume=out / "checkpoints" /
                   "step_00000144")

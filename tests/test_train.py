@@ -72,6 +72,11 @@ def test_resume_reaches_the_same_weights_and_loss(tmp_path, monkeypatch):
     last_train = [r for r in full.history if r["split"] == "train"][-1]
     resumed_last = [r for r in resumed.history if r["split"] == "train"][-1]
     assert resumed_last["loss"] == pytest.approx(last_train["loss"], abs=1e-6)
+    # the history spans the whole run, the rows before the kill as they were logged
+    assert [(r["step"], r["split"]) for r in resumed.history] == [(r["step"], r["split"]) for r in full.history]
+    before = [r for r in resumed.history if r["step"] <= 5]
+    assert before and all(r["loss"] == pytest.approx(f["loss"], abs=1e-6) for r, f in
+                          zip(before, full.history, strict=False) if r["split"] == "train")
 
 
 def test_training_reduces_loss(tmp_path):

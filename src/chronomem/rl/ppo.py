@@ -585,7 +585,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
         stall = StallWatch(args.stall_updates, args.stall_kl, max_entropy=math.log(envs.single_action_space.n))
-        history: list[dict[str, Any]] = []
+        history: list[dict[str, Any]] = [] if restored is None else restored.logged()  # the run's, resumed
         update = frames // frames_per_update
         saved_update = update if restored is not None else None
         start, window_start, window_frames, window, outcomes = time.perf_counter(), time.perf_counter(), 0, [], []

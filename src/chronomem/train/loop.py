@@ -291,7 +291,7 @@ def train(
     # evaluations call the model itself
     ddp_model = compiled(ddp_model, cfg.compile, cfg.compile_mode, cfg.compile_backend)
 
-    history: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = [] if restored is None else restored.logged()  # the run's, resumed
     eval_bs = cfg.eval_batch_size or cfg.batch_size
     show = cfg.progress and ctx.is_main  # one line per run: the first rank's
     model_name = (spec or {}).get("model", type(model).__name__)

@@ -180,6 +180,18 @@ class Restored:
         """Training seconds up to the checkpoint (0 in checkpoints written before they were saved)."""
         return float(self.state.get("seconds", 0.0))
 
+    def logged(self) -> list[dict[str, Any]]:
+        """The rows its run logged up to the checkpoint (its ``metrics.csv``, as ``read_metrics`` gives them;
+        none without the file), less a final test row at its step: the history that the resumed run's
+        continues, so that its curves and its best return span the whole run, not the last sitting."""
+        from chronomem.train.metrics import read_metrics
+
+        path = self.checkpoint.parent.parent / "metrics.csv"  # RUN/checkpoints/step_N
+        if not path.is_file():
+            return []
+        return [row for row in read_metrics(path)
+                if row["step"] < self.step or (row["step"] == self.step and row.get("split") != "test")]
+
 
 def restore(resume: str | Path | Run | None, model: torch.nn.Module, map_location="cpu") -> Restored | None:
     """Load the weights of the checkpoint ``resume`` continues from (``resume_point``) into ``model``;
