@@ -85,7 +85,7 @@ except ModuleNotFoundError:  # pragma: no cover - exercised only without gymnasi
 GAMES = ("visual_match", "key_to_door")
 MODES = ("passive", "active")
 PHASES = ("explore", "distractor", "reward")
-DISTRACTORS = (5, 30, 90, 250, 500)  # registered ids (5: for tests); the reference's default is 90
+DISTRACTORS = (5, 15, 30, 90, 250, 500)  # registered ids; the reference's default is 90
 ROWS, COLS = 7, 11  # every board
 CROP = 5  # the active view (the reference's ScrollingCropper)
 MOVES = np.array([(-1, 0), (1, 0), (0, -1), (0, 1)])  # north, south, west, east (the reference's 0-3)
