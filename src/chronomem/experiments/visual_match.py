@@ -138,10 +138,12 @@ SCALES = {
         control_episodes=50_000),
 }
 
-# Key-to-Door with Visual Match's settings and episodes per run. Quick keeps its two shorter lengths and
-# gives the control 5,000 episodes: a memoryless probe learned it within 1,000 (docs/rl.md, "key-to-door").
+# Key-to-Door with Visual Match's settings and episodes per run. Quick keeps distractors 30 and 90 at 15,000
+# episodes a run (Visual Match's quick before its probes moved it to shorter lengths) and gives the control
+# 5,000 episodes: a memoryless probe learned it within 1,000 (docs/rl.md, "key-to-door").
 KEY_TO_DOOR_SCALES = {name: replace(scale, game="key_to_door", mode="active") for name, scale in SCALES.items()}
-KEY_TO_DOOR_SCALES["quick"] = replace(KEY_TO_DOOR_SCALES["quick"], distractors=(30, 90), control_episodes=5_000)
+KEY_TO_DOOR_SCALES["quick"] = replace(KEY_TO_DOOR_SCALES["quick"], distractors=(30, 90), episodes=15_000,
+                                      control_episodes=5_000)
 GAME_SCALES = {"visual-match": SCALES, "key-to-door": KEY_TO_DOOR_SCALES}
 
 
