@@ -134,7 +134,7 @@ def test_a_run_cut_short_continues_from_its_last_checkpoint(tmp_path, monkeypatc
     result = rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, settings, 64, 3, run_dir, progress=False,
                              reuse=True)
     assert resumed_from[0].checkpoint.name == "step_00000048" and result.frames == 64
-    assert [row["step"] for row in result.history] == [64]  # trained now; the earlier rows are in metrics.csv
+    assert [row["step"] for row in result.history] == [16, 32, 48, 64]  # the whole run's: 16-48 read back
     assert [int(row["step"]) for row in read_metrics(run_dir / "metrics.csv")] == [16, 32, 48, 64]
 
 

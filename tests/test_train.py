@@ -378,7 +378,9 @@ def test_budget_counts_training_seconds_across_resume(tmp_path, monkeypatch):
     # resumed with the budget already spent: no step (the run the budget ended is the finished run)
     again = train(make_model(), CopyTask(seq_len=4, copy_len=2), config(tmp_path, **kw), resume=tmp_path)
     assert again.steps == first.steps and again.stopped_early
-    assert [r for r in again.history if r["split"] == "train"] == []
+    assert [r for r in again.history if r["split"] == "train" and r["step"] > first.steps] == []  # none now
+    assert [r["step"] for r in again.history if r["split"] == "train"] == [
+        r["step"] for r in first.history if r["split"] == "train"]  # the run's history, read back
     assert again.metrics == first.metrics  # the same model, evaluated again
 
 
@@ -431,8 +433,10 @@ def test_resume_with_more_steps_spreads_the_remaining_decay(tmp_path, schedule):
     kw = dict(schedule=schedule, warmup=3, log_every=1)
     full = train(make_model(), task, config(tmp_path / "a", steps=12, checkpoint_every=6, **kw))
     before = _lrs(full.history)
-    after = _lrs(train(make_model(), task, config(tmp_path / "a", steps=24, **kw),
-                       resume=tmp_path / "a" / "checkpoints" / "step_00000006").history)
+    resumed = _lrs(train(make_model(), task, config(tmp_path / "a", steps=24, **kw),
+                         resume=tmp_path / "a" / "checkpoints" / "step_00000006").history)
+    assert {step: lr for step, lr in resumed.items() if step <= 6} == {s: lr for s, lr in before.items() if s <= 6}
+    after = {step: lr for step, lr in resumed.items() if step > 6}  # the steps trained after the resume
     done_at_6 = (6 - 3) / (12 - 3)
 
     def factor(progress):
