@@ -115,13 +115,13 @@ SCALES = {
     # per rollout; the apples' return learned apart, --reward-part, a deviation: with four epochs, or one
     # value, the LSTM did not hold 90% on the control in 20,000 episodes; no reconstruction loss, a
     # deviation: with it the memoryless agent settled on wrong answers in some cases of the control); the
-    # same number of episodes (of choices) at every distractor length; the control 20,000 episodes, the
-    # probes' budget: the learning rate anneals over a run's frames, so a shorter control run learns more
-    # slowly than the probes' first 20,000 episodes did (docs/rl.md); checkpoints every ~0.4M frames.
+    # same number of episodes (of choices) at every distractor length; the control the probes' 1.2M frames:
+    # the learning rate anneals over a run's frames, so a shorter control run learns more slowly than the
+    # probes' first frames did (docs/rl.md); checkpoints every ~0.4M frames.
     # Distractors 5, 15 and 30 (docs/rl.md, "The passive cue in front"): with the cue in front, the LSTM
-    # and HTM leave chance at 5 within 0.6M frames, the LSTM at 30 only after ~2.5M, and neither at 90 or
-    # 250 within a CPU budget; 25,000 episodes a run (0.9M, 1.1M and 1.5M frames). The control, now at
-    # distractor 5, keeps the 1.2M frames it was learned in at 30 (35,000 episodes: more choices).
+    # and HTM leave chance at 5 within 0.6M frames, the LSTM at 30 slowly from ~1.3M (48% at 3M), and no
+    # agent at 90 or 250 within a CPU budget; 25,000 episodes a run (0.9M, 1.1M and 1.5M frames). The
+    # control, now at distractor 5, keeps the 1.2M frames it was learned in at 30 (35,000 episodes).
     "quick": TVTScale(
         distractors=(5, 15, 30), episodes=25_000, seeds=3, eval_episodes=300,
         ppo=dict(**CPU_AGENT, num_envs=16, num_steps=128, num_minibatches=8, update_epochs=8, lr=1e-3,

@@ -96,7 +96,7 @@ class MetricsLogger:
             return
         header, body = rows[0], rows[1:]
         at, split = header.index("step"), header.index("split")
-        kept = [r for r in body if int(r[at]) < step or (int(r[at]) == step and r[split] != "test")]
+        kept = [r for r in body if kept_on_resume(int(r[at]), r[split], step)]
         if not kept:  # nothing before ``step`` (a new run): the file starts anew, columns included
             self.path.unlink()
             self.fields = None
@@ -130,6 +130,12 @@ class MetricsLogger:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def kept_on_resume(row_step: int, split: str, step: int) -> bool:
+    """Whether a row logged at ``row_step`` belongs to the run resumed at checkpoint ``step``: the rows
+    before it, and those at it but its final test (logged again when the run ends)."""
+    return row_step < step or (row_step == step and split != "test")
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -184,13 +184,12 @@ class Restored:
         """The rows its run logged up to the checkpoint (its ``metrics.csv``, as ``read_metrics`` gives them;
         none without the file), less a final test row at its step: the history that the resumed run's
         continues, so that its curves and its best return span the whole run, not the last sitting."""
-        from chronomem.train.metrics import read_metrics
+        from chronomem.train.metrics import kept_on_resume, read_metrics
 
         path = self.checkpoint.parent.parent / "metrics.csv"  # RUN/checkpoints/step_N
         if not path.is_file():
             return []
-        return [row for row in read_metrics(path)
-                if row["step"] < self.step or (row["step"] == self.step and row.get("split") != "test")]
+        return [row for row in read_metrics(path) if kept_on_resume(row["step"], row.get("split", ""), self.step)]
 
 
 def restore(resume: str | Path | Run | None, model: torch.nn.Module, map_location="cpu") -> Restored | None:
