@@ -99,10 +99,20 @@ def episode_length(distractor: int) -> int:
 
 
 CPU_AGENT = dict(dim=64, depth=1, heads=4, hidden=64, visual="cells")
-# HTM's memory holds 24 chunks of 16 steps (384 > the 280 steps of the longest quick episode);
-# Transformer-XL's extra length is the paper's 256 (App. A Table 1): at distractor 250 the choice
-# reaches back to the colour's last steps, no further.
-CPU_MODELS = {"mlp": {}, "lstm": {}, "htm": dict(chunk_size=16, top_k=4, memory_size=24),
+# HTM's memory holds 24 chunks of 16 steps (384, more than any quick episode) and its local attention a
+# window of 16 steps (docs/htm.md, "Visibility rule"): from step 16 on, no query's window reaches the
+# colour's first 15 steps, so at every quick distractor the colour reaches the choice only through the
+# chunk memory. With HTMConfig's 64 (the paper's Ballet unroll) a whole quick episode (35-60 steps)
+# would fit in the local window: a Transformer over the episode, the memory never needed.
+# Gradients flow into the chunks a call builds (memory_gradient, a deviation from paper 001 Section 2's
+# stop-gradient): with the stop-gradient nothing teaches the encoder to keep the colour at the steps that
+# are stored, which the paper leaves to its reconstruction loss; at distractor 5 the memory then stays near
+# chance without that loss and learns late with it, and fast with the gradient (docs/rl.md, "HTM's memory
+# at quick").
+# Transformer-XL's extra length is the paper's 256 (App. A Table 1): it attends to the whole episode, as
+# in the paper's short Ballet levels.
+CPU_MODELS = {"mlp": {}, "lstm": {},
+              "htm": dict(chunk_size=16, top_k=4, memory_size=24, window=16, memory_gradient=True),
               "transformer-xl": dict(mem_len=256)}
 
 SCALES = {
