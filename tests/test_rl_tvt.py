@@ -221,3 +221,17 @@ def test_visual_match_cases_counts_right_wrong_and_no_square():
                                                                                         "none": 18}
     with pytest.raises(ValueError, match="--env"):
         cases.play_cases(_Walker(0), key_to_door_id(5), episodes=1, greedy=True)
+
+
+def test_quick_htm_reaches_the_cue_only_through_its_chunk_memory():
+    # By HTM's visibility rule a query at step t attends locally to steps floor(t / window) * window .. t.
+    # At every quick length, from the first step of the reward phase on, that window must start after the
+    # explore phase, or the "memory" row reads the cue through its local attention (as window 64 did).
+    from chronomem.envs.tvt import EXPLORE, REWARD
+    from chronomem.experiments.visual_match import KEY_TO_DOOR_SCALES, SCALES
+
+    for scale in (SCALES["quick"], KEY_TO_DOOR_SCALES["quick"]):
+        window = scale.models["htm"]["window"]
+        for distractor in scale.distractors:
+            for t in range(EXPLORE + distractor, EXPLORE + distractor + REWARD):
+                assert t // window * window >= EXPLORE, (distractor, t, window)

@@ -103,7 +103,7 @@ CPU_AGENT = dict(dim=64, depth=1, heads=4, hidden=64, visual="cells")
 # window of 16 steps (docs/htm.md, "Visibility rule"): from step 16 on, no query's window reaches the
 # colour's first 15 steps, so at every quick distractor the colour reaches the choice only through the
 # chunk memory. With HTMConfig's 64 (the paper's Ballet unroll) a whole quick episode (35-60 steps)
-# would fit in the local window: a Transformer over the episode, the memory never needed.
+# would fit in the local window: a Transformer over the episode, the memory never needed (tested).
 # Gradients flow into the chunks a call builds (memory_gradient, a deviation from paper 001 Section 2's
 # stop-gradient): with the stop-gradient nothing teaches the encoder to keep the colour at the steps that
 # are stored, which the paper leaves to its reconstruction loss; at distractor 5 the memory then stays near
