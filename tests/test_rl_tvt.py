@@ -224,14 +224,22 @@ def test_visual_match_cases_counts_right_wrong_and_no_square():
 
 
 def test_quick_htm_reaches_the_cue_only_through_its_chunk_memory():
-    # By HTM's visibility rule a query at step t attends locally to steps floor(t / window) * window .. t.
-    # At every quick length, from the first step of the reward phase on, that window must start after the
-    # explore phase, or the "memory" row reads the cue through its local attention (as window 64 did).
+    # HTM's local attention (the visibility rule, ops.htm_local's reference) must not see the explore phase
+    # from any step of the reward phase at a quick length, or the "memory" row reads the cue through its
+    # local attention (as the default window of 64 did).
+    import torch
+
     from chronomem.envs.tvt import EXPLORE, REWARD
     from chronomem.experiments.visual_match import KEY_TO_DOOR_SCALES, SCALES
+    from chronomem.htm import HTMConfig
+    from chronomem.ops.htm_local import local_layout_reference
 
     for scale in (SCALES["quick"], KEY_TO_DOOR_SCALES["quick"]):
-        window = scale.models["htm"]["window"]
+        options = scale.models["htm"]
         for distractor in scale.distractors:
-            for t in range(EXPLORE + distractor, EXPLORE + distractor + REWARD):
-                assert t // window * window >= EXPLORE, (distractor, t, window)
+            n = EXPLORE + distractor + REWARD  # one whole episode from its first step, in one call
+            seen = local_layout_reference(torch.zeros(1, dtype=torch.long), torch.tensor([n]), n, cache=0,
+                                          window=options["window"],
+                                          extra_length=options.get("extra_length", HTMConfig.extra_length))
+            assert not seen[0, EXPLORE + distractor:, :EXPLORE].any(), (scale.game, distractor)
+            assert seen[0, EXPLORE - 1, :EXPLORE].all()  # the rule itself: the explore phase sees itself
