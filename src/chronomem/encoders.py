@@ -35,7 +35,9 @@ acting feeds ``N = 1``; a learner replays ``N = T`` steps), and returns ``[B, N,
   per-cell layer (the 1x1 convolution, or on pixels the 9x9 stride-9 one) and drops the two 3x3
   layers, so the projection reads the cells directly; its decoder is the same map transposed. A
   frame then costs about a tenth of the CNN's multiply-adds in the encoder and in the decoder
-  (docs/rl.md, "A Ballet agent sized for a CPU").
+  (docs/rl.md, "A Ballet agent sized for a CPU"). ``chronomem.ops.cell_map`` computes that per-cell
+  map and the projection (``cell_impl``): where every cell holds at most one symbol, as on Visual
+  Match's board, the ReLU of the map is a table lookup, folded into the projection's weights.
   The same encoder reads a grid of cells with no instruction (``vocab_size=0``, rectangular ``view``):
   Visual Match's and Key-to-Door's ``{"grid": [H, W, 9]}`` or ``{"image": [H, W, 3]}``, one pixel per cell
   (``chronomem.envs.tvt``; paper 001 encodes its DMLab frames with a ResNet, our 2D boards need none).
@@ -75,6 +77,7 @@ from torch import Tensor, nn
 
 from chronomem.checks import check_positive, check_tensor, parameter_dtype
 from chronomem.layers import sinusoid_from_positions
+from chronomem.ops.cell_map import cell_map, check_cell_impl
 
 # Sizes of MiniGrid's index tables (minigrid.core.constants: OBJECT_TO_IDX, COLOR_TO_IDX, STATE_TO_IDX),
 # written here so that an encoder needs no MiniGrid install; tests/test_encoders.py checks them.
@@ -257,7 +260,7 @@ class BalletEncoder(nn.Module):
 
     def __init__(self, dim: int, observation: str = "symbolic", vocab_size: int = 14, view: int | tuple[int, int] = 11,
                  symbols: int = 36, cell_pixels: int = 9, channels: tuple[int, int, int] = (16, 32, 32),
-                 word_dim: int = 32, visual: str = "cnn"):
+                 word_dim: int = 32, visual: str = "cnn", cell_impl: str = "auto"):
         super().__init__()
         if observation not in ("symbolic", "pixels"):
             raise ValueError(f"observation must be 'symbolic' or 'pixels', got {observation!r}")
@@ -265,6 +268,9 @@ class BalletEncoder(nn.Module):
             raise ValueError(f"visual must be one of {self.VISUALS}, got {visual!r}")
         self.dim = check_positive(dim, "dim")
         self.observation, self.key, self.visual = observation, "grid" if observation == "symbolic" else "image", visual
+        self.cell_impl = check_cell_impl(cell_impl)
+        if cell_impl == "folded" and observation != "symbolic":
+            raise ValueError("cell_impl='folded' needs observation='symbolic' (pixels are not one-hot symbols)")
         self.vocab_size = check_positive(vocab_size, "vocab_size", minimum=0)
         rows, cols = (view, view) if not isinstance(view, (tuple, list)) else view
         self.view = (check_positive(rows, "view"), check_positive(cols, "view"))  # (rows, cols) of cells
@@ -337,9 +343,11 @@ class BalletEncoder(nn.Module):
         batch, steps = picture.shape[:2]
         if self.visual == "cnn":
             grid = self.conv(picture.flatten(0, 1)).view(batch, steps, -1)
-        else:
-            grid = torch.relu(self.cells(picture)).flatten(2)
-        return self.project(grid if instruction is None else torch.cat([grid, self.words(instruction)], -1))
+            return self.project(grid if instruction is None else torch.cat([grid, self.words(instruction)], -1))
+        # the per-cell map and the projection in one (chronomem.ops.cell_map: folded for one-hot cells)
+        return cell_map(picture.flatten(2, 3), self.cells.weight, self.cells.bias, self.project.weight,
+                        self.project.bias, None if instruction is None else self.words(instruction),
+                        impl=self.cell_impl if self.observation == "symbolic" else "reference")
 
     def forward(self, obs: dict[str, Tensor]) -> Tensor:
         return self.encode(*self.reconstruction_targets(obs))

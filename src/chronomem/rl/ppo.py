@@ -554,9 +554,10 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
     num_updates = math.ceil(args.total_frames / frames_per_update)
     try:
         agent = make_agent(args, core_options, envs.single_observation_space, envs.single_action_space).to(device)
-        # foreach: one kernel per step for all parameters, the same numbers as the per-tensor loop (which
-        # torch picks on a CPU), with a fraction of the per-parameter overhead of small agents
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=args.adam_eps, foreach=True)
+        # fused: Adam's update of every parameter in one kernel (CPU and CUDA), where torch's default on a
+        # CPU is a loop over the tensors: a small agent's step is mostly that loop's per-tensor overhead
+        kernel = {"fused": True} if device.type in ("cpu", "cuda") else {"foreach": True}
+        optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=args.adam_eps, **kernel)
         broadcast_weights(agent, ctx)
         frames, seconds_before = 0, 0.0
         run_dir = Path(args.out) if args.out and ctx.is_main else None
