@@ -200,6 +200,31 @@ def test_cached_keys_equal_recomputed_ones(memory_mode):
     assert (y_after - y_cached).abs().max() > 1e-3
     assert not torch.equal(s_after.kv_version, s_cached.kv_version)
 
+    def stale(change, moves: float = 1e-4) -> None:
+        """After ``change`` of the parameters, a call without gradients from ``state`` recomputes (a stale
+        cache would be off by at least ``moves``, 1e-10 at least)."""
+        with torch.no_grad():
+            before, _ = model(x[:, 6:], state, mask=mask[:, 6:])
+            change()
+            after, s_after = model(x[:, 6:], state, mask=mask[:, 6:])
+        recomputed, _ = model(x[:, 6:], XLState(state.memory, state.valid), mask=mask[:, 6:])
+        torch.testing.assert_close(after, recomputed.detach(), atol=1e-10, rtol=0)
+        assert (after - before).abs().max() > moves, "the change must move the outputs"
+
+    for kernel in ({"fused": True}, {"foreach": True}, {"foreach": False}):  # each of Adam's CPU kernels
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.05, **kernel)
+        model(x[:, 6:], XLState(state.memory, state.valid), mask=mask[:, 6:])[0].square().sum().backward()
+        stale(optimizer.step)
+        model.zero_grad()
+    other = TransformerXL(dim=D, depth=2, num_heads=2, segment_len=2, mem_len=5, gated=True,
+                          memory_mode=memory_mode).double()
+    with torch.no_grad():  # values that float32 cannot hold, so that a round trip through it moves them
+        for p in other.parameters():
+            p.add_(1e-3 * torch.randn_like(p))
+    stale(lambda: model.load_state_dict(other.state_dict()))
+    stale(lambda: setattr(model.layers[0].attn.attn.to_kv.weight, "data", other.layers[1].attn.attn.to_kv.weight))
+    stale(lambda: model.float().double(), moves=1e-9)  # new tensors (rounded), perhaps at the old addresses
+
 
 @pytest.mark.parametrize("name", ["blrp", "transformer"])
 def test_non_causal_modules_refuse_done(name):

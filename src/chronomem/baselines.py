@@ -612,18 +612,20 @@ class TransformerXL(CausalCore):
 
     def _parameter_version(self) -> int:
         """The number naming the current values of the parameters the memory's keys and values depend on
-        (each layer's ``norm_attn`` and ``to_kv``): a new number whenever they changed since the last call
-        (an optimiser step, ``load_state_dict``), found by comparing with a copy (a few thousand numbers)."""
+        (each layer's ``norm_attn`` and ``to_kv``): a new number whenever they changed since the last call.
+        A change is seen in each parameter's storage address and version counter: every in-place write
+        (an optimiser step, ``load_state_dict``'s copy) bumps the counter, and ``.to()`` and friends
+        make new tensors (``_apply`` forgets the last key), as ``RelativeAttention.projected_distances``
+        keys its cache. No comparison of values: an acting step reads this once."""
         params = [p for layer in self.layers for m in (layer.norm_attn, layer.attn.attn.to_kv) for p in m.parameters()]
-        seen = getattr(self, "_kv_parameters", None)
-        if seen is None or not all(
-            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
-            for a, b in zip(seen, params, strict=True)
-        ):
-            with torch.no_grad():
-                self._kv_parameters = [p.detach().clone() for p in params]
-            self._kv_version = next(_parameter_versions)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device, p.shape) for p in params)
+        if key != getattr(self, "_kv_key", None):
+            self._kv_key, self._kv_version = key, next(_parameter_versions)
         return self._kv_version
+
+    def _apply(self, fn, *args, **kwargs):
+        self._kv_key = None  # .to(), .double(), ...: new parameters, possibly at the old addresses
+        return super()._apply(fn, *args, **kwargs)
 
     def check_state(self, state, batch: int) -> XLState:
         if not isinstance(state, XLState):
