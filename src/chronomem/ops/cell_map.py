@@ -11,8 +11,9 @@ Two implementations of that one function, chosen by name (``cell_map(..., impl=)
 * ``"folded"``: when every cell holds at most one symbol, each 0 or 1 (a one-hot symbol, or an empty
   cell), ``relu(W x_c + b)`` takes one of ``S + 1`` values: ``T_s = relu(W_s + b)`` for symbol ``s`` and
   ``relu(b)`` for an empty cell. The ReLU is then a table lookup, linear in ``x``, and the table folds
-  into ``P``: ``F[d, c, s] = sum_k P[d, c, k] T_s[k]``, and ``y = F flatten(x, empty) + p`` with one
-  matrix product over ``cells * (S + 1)`` inputs, no per-cell features. The same function (values and
+  into ``P``: ``F[d, c, s] = sum_k P[d, c, k] T_s[k]`` and ``E[d, c] = sum_k P[d, c, k] relu(b)[k]``, and
+  ``y = F flatten(x) + E (1 - sum_s x) + p``: a matrix product over ``cells * S`` inputs and one over
+  ``cells``, no per-cell features. The same function (values and
   gradients) for such inputs; wrong for any other, so it checks them (``ValueError``). The input is a
   symbolic observation, each cell's count of each symbol (nonnegative integers): at most one symbol
   is a count of at most 1 per cell, one reduction to check.
