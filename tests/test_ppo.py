@@ -92,7 +92,7 @@ def test_replay_recomputes_the_acting_log_probabilities_and_values(core):
             assert (entropy > 0).all()
 
 
-@pytest.mark.parametrize("core", ["lstm", "transformer-xl", "tlb", "htm", "relevance-lstm"])
+@pytest.mark.parametrize("core", ["lstm", "transformer-xl", "tlb", "htm", "relevance-lstm", "mem-lstm"])
 def test_replay_in_windows_starts_each_from_the_state_stored_while_acting(core):
     """recurrence = 4 of T = 12: the three windows of each row are replayed side by side, each from the
     state the agent had at its first step, so the replay still gives the acting log-probabilities and

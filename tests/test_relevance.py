@@ -172,6 +172,24 @@ def test_padding_steps_leave_state_unchanged(cls):
         assert int(state.steps[b]) == int(mask[b].sum())
 
 
+@pytest.mark.parametrize("cls", [MemRNN, MemLSTM])
+def test_mem_states_of_different_lengths_join(cls):
+    """States taken after different numbers of steps (a PPO replay's windows) join along the batch, padded
+    with empty slots, and each row continues as it would alone."""
+    from chronomem.layers import concat_states
+
+    module = make(cls, 2, 2, seed=12)
+    x = torch.randn(3, 16, 5, dtype=torch.double)
+    lengths = (3, 9, 0)  # the third row has no past: an empty memory
+    states = [module(x[b : b + 1, :n])[1] if n else module.init_state(1, dtype=torch.double)
+              for b, n in enumerate(lengths)]
+    joined = concat_states(states)
+    assert joined.memory.shape[:2] == (3, 9) and joined.valid.sum(1).tolist() == list(lengths)
+    y, _ = module(x[:, 9:], joined)
+    for b, state in enumerate(states):
+        torch.testing.assert_close(y[b : b + 1], module(x[b : b + 1, 9:], state)[0], rtol=1e-12, atol=1e-12)
+
+
 def test_reset_and_detach():
     module = make(RelevanceLSTM, 2, 2, seed=10)
     x = torch.randn(2, 9, 5, dtype=torch.double)

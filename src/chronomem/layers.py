@@ -518,19 +518,27 @@ class RecurrentState:
                             f"of shape {tuple(rows.shape)}")
         return _map_tensors(self, lambda t: t[rows.to(t.device)])
 
+    @classmethod
+    def joinable(cls, states: Sequence[Any]) -> Sequence[Any]:
+        """``states`` made ready for ``concat_states`` to join along the batch: as they are, unless the
+        state's size varies in another dimension (``relevance.MemState``'s memory grows with time)."""
+        return states
 
-def _zip_tensors(values: Sequence[Any], fn) -> Any:
-    """Like ``_map_tensors`` over several values of one structure: ``fn`` gets the parallel tensors."""
+
+def _concat_tree(values: Sequence[Any]) -> Any:
+    """Several values of one structure joined tensor by tensor along the batch (``concat_states``)."""
     first = values[0]
     if isinstance(first, Tensor):
-        return fn(values)
+        return torch.cat(values, dim=0)
     if isinstance(first, (tuple, list)):
-        parts = [_zip_tensors([v[i] for v in values], fn) for i in range(len(first))]
+        parts = [_concat_tree([v[i] for v in values]) for i in range(len(first))]
         if hasattr(first, "_fields"):
             return type(first)(*parts)
         return type(first)(parts)
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
-        fields = {f.name: _zip_tensors([getattr(v, f.name) for v in values], fn) for f in dataclasses.fields(first)}
+        if isinstance(first, RecurrentState):
+            values = type(first).joinable(values)
+        fields = {f.name: _concat_tree([getattr(v, f.name) for v in values]) for f in dataclasses.fields(first)}
         return dataclasses.replace(first, **fields)
     return first
 
@@ -543,4 +551,4 @@ def concat_states(states: Sequence[Any]):
     kinds = {type(s) for s in states}
     if len(kinds) != 1:
         raise TypeError(f"states must all be of one type, got {sorted(k.__name__ for k in kinds)}")
-    return _zip_tensors(states, lambda ts: torch.cat(ts, dim=0))
+    return _concat_tree(states)

@@ -111,6 +111,21 @@ class MemState(RecurrentState):
     def reset(self, done: Tensor) -> MemState:
         return super().reset(done).compact()
 
+    @classmethod
+    def joinable(cls, states):
+        """States of different lengths (taken at different steps: PPO's replay windows) padded with empty
+        slots to the longest, so they join along the batch. No query attends to an empty slot, so each
+        row reads what it read before."""
+        n = max(state.valid.shape[1] for state in states)
+
+        def padded(state: MemState) -> MemState:
+            extra = n - state.valid.shape[1]
+            return state if extra == 0 else replace(
+                state, memory=F.pad(state.memory, (0, 0, 0, extra)), keys=F.pad(state.keys, (0, 0, 0, extra)),
+                valid=F.pad(state.valid, (0, extra)))
+
+        return [padded(state) for state in states]
+
 
 # ============================================================================================
 # The recurrent core shared by the four models
