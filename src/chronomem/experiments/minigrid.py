@@ -78,6 +78,8 @@ class TransferScale:
     num_envs: int = 16  # rl-starter-files' PPO settings (docs/rl.md, "Defaults")
     num_steps: int = 128
     num_minibatches: int = 8
+    recurrence: int | None = None  # back-propagation windows (None: whole rollouts)
+    minibatch: str = "envs"  # chronomem.rl.ppo.Args.minibatch: "windows" draws them from every env and time
     dim: int = 64
     eval_max_steps: int | None = None  # cap on episode length (smoke only; None: each env's own limit)
     pair_frames: dict[str, int] = field(default_factory=dict)  # a pair's own frames, in place of ``frames``
@@ -89,15 +91,18 @@ class TransferScale:
 SCALES: dict[str, TransferScale] = {
     # Seconds: 64 frames per run and evaluation episodes cut at 16 steps.
     "smoke": TransferScale(pairs=("doorkey",), models=("mlp", *PAPER_MODELS), frames=64, episodes=4, seeds=2,
-                           num_envs=4,
-                           num_steps=8, num_minibatches=2, dim=16, eval_max_steps=16),
-    # docs/rl.md, "minigrid-transfer": 120 updates of 16 x 128 frames for DoorKey; 300 for Memory, whose
-    # LSTM agent leaves chance only after about 500k frames (a probe: 0.48 at 450k, 0.93 at 512k).
-    # About 2.5 hours on 2 cores with --jobs 2, resumable (chronomem run --resume).
-    "quick": TransferScale(pairs=("doorkey", "memory"), models=PAPER_MODELS, frames=120 * 2048, episodes=100,
-                           seeds=3, pair_frames={"memory": 300 * 2048}),
-    # Paper 004: 5M steps per environment (rounded up to whole rollouts by the trainer).
-    "paper": TransferScale(pairs=tuple(PAIRS), models=PAPER_MODELS, frames=5_000_000, episodes=1000, seeds=3),
+                           num_envs=4, num_steps=8, num_minibatches=2, recurrence=4, minibatch="windows", dim=16,
+                           eval_max_steps=16),
+    # docs/rl.md, "minigrid-transfer": the authors' PPO (rl-starter-files' settings, gradients cut every 16
+    # steps and minibatches of such windows, as their torch-ac fork trains); 200 updates of 16 x 128 frames
+    # for DoorKey (the memoryless control needs them in every seed), 400 for Memory, where an agent leaves
+    # chance after 0.25M frames or more, varying by seed. Resumable (chronomem run --resume).
+    "quick": TransferScale(pairs=("doorkey", "memory"), models=("mlp", *PAPER_MODELS), frames=200 * 2048,
+                           episodes=100, seeds=3, recurrence=16, minibatch="windows",
+                           pair_frames={"memory": 400 * 2048}),
+    # Paper 004: 5M steps per environment (rounded up to whole rollouts by the trainer), the authors' PPO.
+    "paper": TransferScale(pairs=tuple(PAIRS), models=("mlp", *PAPER_MODELS), frames=5_000_000, episodes=1000,
+                           seeds=3, recurrence=16, minibatch="windows"),
 }
 
 EVAL_SEED = 1_000_000  # evaluation episodes are seeded apart from every training seed
@@ -120,7 +125,7 @@ class Job:
 def ppo_settings(scale: TransferScale) -> dict[str, Any]:
     """The ``chronomem.rl.ppo.Args`` fields a scale sets (the others keep rl-starter-files' defaults)."""
     return dict(num_envs=scale.num_envs, num_steps=scale.num_steps, num_minibatches=scale.num_minibatches,
-                dim=scale.dim, hidden=scale.dim)
+                recurrence=scale.recurrence, minibatch=scale.minibatch, dim=scale.dim, hidden=scale.dim)
 
 
 def run_job(job: Job) -> dict[str, Any]:
