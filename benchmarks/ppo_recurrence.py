@@ -2,13 +2,14 @@
 (torch-ac's option; paper 004's authors ran k = 16 on MiniGrid) learn faster per frame or per second?
 
 For each seed, the LSTM agent trains with each ``--recurrences`` setting in turn (``whole``: gradients
-through the whole 128-step rollout, chronomem's default; a number: windows of that many steps, each
-from the state stored while acting), all other settings minigrid-transfer's quick PPO settings
-(rl-starter-files' defaults), one torch thread. A run stops when the mean return of an update's
-episodes first reaches ``--target`` or at ``--max-frames``. Per setting: the frames to the target (per
-seed and the median; a run that never reached it counts as ``--max-frames``), the training frames per
-second, and both as ratios to ``whole``. Settings alternate within a seed, so a change of the
-machine's load hits each alike; the conditions (threads, load) are printed before and after.
+through the whole 128-step rollout, chronomem's default; a number: windows of that many steps, each from
+the state stored while acting), all other settings minigrid-transfer's quick PPO settings
+(rl-starter-files' defaults) with minibatches of whole env sequences, one torch thread. A run stops when
+the mean return of an update's episodes first reaches ``--target`` or at ``--max-frames``. Per setting:
+the frames to the target (per seed and the median; a run that never reached it counts as
+``--max-frames``), the training frames per second, and both as ratios to ``whole``. Settings alternate
+within a seed, so a change of the machine's load hits each alike; the conditions (threads, load) are
+printed before and after.
 
     python benchmarks/ppo_recurrence.py                               # DoorKey-5x5, seeds 1-3, whole/16/4
     python benchmarks/ppo_recurrence.py --env MiniGrid-MemoryS7-v0 --max-frames 800000 --json runs/rec.json
@@ -29,9 +30,11 @@ def measure(env: str, recurrence: str, seed: int, target: float, max_frames: int
     from chronomem.experiments.minigrid import SCALES, ppo_settings
     from chronomem.rl.ppo import Args, train
 
-    settings = ppo_settings(SCALES["quick"])
+    # the scale's settings but its windows: each run's own, in minibatches of whole env sequences
+    settings = {**ppo_settings(SCALES["quick"]), "recurrence": None if recurrence == WHOLE else int(recurrence),
+                "minibatch": "envs"}
     args = Args(env=env, core="lstm", seed=seed, total_frames=max_frames, stop_return=target, progress=False,
-                torch_threads=1, recurrence=None if recurrence == WHOLE else int(recurrence), **settings)
+                torch_threads=1, **settings)
     result = train(args)
     reached = [row["step"] for row in result.history if row.get("return_mean", -1.0) >= target]
     return {"recurrence": recurrence, "seed": seed, "frames_to_target": reached[0] if reached else None,
