@@ -105,6 +105,7 @@ SCALES: dict[str, TransferScale] = {
                            seeds=3, recurrence=16, minibatch="windows"),
 }
 
+CHECKPOINT_EVERY = 50  # updates (100k frames at quick)
 EVAL_SEED = 1_000_000  # evaluation episodes are seeded apart from every training seed
 # The control (docs/rl.md "Controls and the memoryless agent"): DoorKey-5x5 needs no memory (the 7x7 view
 # shows the key, the door and the goal), and rl-starter-files' settings solve it; learned at this return.
@@ -123,9 +124,12 @@ class Job:
 
 
 def ppo_settings(scale: TransferScale) -> dict[str, Any]:
-    """The ``chronomem.rl.ppo.Args`` fields a scale sets (the others keep rl-starter-files' defaults)."""
+    """The ``chronomem.rl.ppo.Args`` fields a scale sets (the others keep rl-starter-files' defaults).
+    A checkpoint every ``CHECKPOINT_EVERY`` updates lets ``--resume`` continue a run cut short (MemLSTM's
+    and ReLSTM's runs outlast a session); it changes nothing in training."""
     return dict(num_envs=scale.num_envs, num_steps=scale.num_steps, num_minibatches=scale.num_minibatches,
-                recurrence=scale.recurrence, minibatch=scale.minibatch, dim=scale.dim, hidden=scale.dim)
+                recurrence=scale.recurrence, minibatch=scale.minibatch, dim=scale.dim, hidden=scale.dim,
+                checkpoint_every=CHECKPOINT_EVERY)
 
 
 def run_job(job: Job) -> dict[str, Any]:

@@ -98,14 +98,17 @@ class PPORun:
                        None if self.out is None else Path(self.out), self.progress, self.reuse)
 
 
+BOOKKEEPING = ("out", "progress", "checkpoint_every")  # Args fields a finished run may differ in
+
+
 def finished_run(args, options: dict):
     """The ``PPOResult`` of the run in ``args.out`` if it finished with exactly these settings, else None.
 
-    Finished: its config.json holds ``args`` (``out`` and ``progress`` aside: a run directory may have
-    been moved) and ``options`` (``chronomem.train.resume.differences``), and it has the checkpoint of
-    its last update. The agent is loaded from that checkpoint, the history from metrics.csv, and
-    torch's random state is set to the one saved with it, the state at the end of training: what
-    follows (an evaluation that samples actions) draws what it would have drawn after the
+    Finished: its config.json holds ``args`` (``BOOKKEEPING`` aside: a run directory may have been moved,
+    and a checkpoint interval added since) and ``options`` (``chronomem.train.resume.differences``), and
+    it has the checkpoint of its last update. The agent is loaded from that checkpoint, the history from
+    metrics.csv, and torch's random state is set to the one saved with it, the state at the end of
+    training: what follows (an evaluation that samples actions) draws what it would have drawn after the
     uninterrupted run. A directory that holds a run with other settings is a ValueError, not reused."""
     import dataclasses
     import math
@@ -122,10 +125,11 @@ def finished_run(args, options: dict):
     if not (run_dir / "config.json").exists():
         return None
     saved = find_run(run_dir, kind="ppo").config
-    asked = {key: value for key, value in dataclasses.asdict(args).items() if key not in ("out", "progress")}
+    # where the run lives, how it reports and how often it saved do not change what it learned
+    asked = {key: value for key, value in dataclasses.asdict(args).items() if key not in BOOKKEEPING}
     # a setting added to Args since the run was saved ran at its default (e.g. recurrence: whole rollouts)
     saved_args = {**dataclasses.asdict(type(args)()), **saved["args"]}
-    differ = differences(asked, saved_args)  # where the run lives and how it reports do not change it
+    differ = differences(asked, saved_args)
     if differ or differences({"core_options": options}, saved):
         shown = ", ".join(f"{key}: saved {old!r}, asked {new!r}" for key, (new, old) in differ.items())
         raise ValueError(f"--resume: {run_dir} holds a run with other settings ({shown or 'core options'}); "
