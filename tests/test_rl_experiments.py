@@ -184,6 +184,49 @@ def test_a_finished_run_is_loaded_as_it_ended(tmp_path, monkeypatch):
                         tmp_path / "run", progress=False, reuse=True)
 
 
+def test_a_kept_evaluation_is_read_back_only_for_the_same_settings_and_weights(tmp_path):
+    """``kept_evaluation``: evaluated and written on a fresh run; read back on a resumed one when its
+    settings and the agent's weights are the ones kept; evaluated again otherwise."""
+    import torch
+
+    from chronomem.experiments import rl_runs
+
+    agent, calls = torch.nn.Linear(3, 2), []
+
+    def evaluate():
+        calls.append(1)
+        return {"MemoryS7": {"return_mean": 0.5 + len(calls), "episodes": 4}}
+
+    first = rl_runs.kept_evaluation(tmp_path, agent, {"episodes": 4}, evaluate, reuse=False)
+    assert len(calls) == 1 and (tmp_path / rl_runs.EVALUATION_FILE).exists()
+    assert rl_runs.kept_evaluation(tmp_path, agent, {"episodes": 4}, evaluate, reuse=True) == first
+    assert len(calls) == 1  # read back
+    assert rl_runs.kept_evaluation(tmp_path, agent, {"episodes": 4}, evaluate, reuse=False) != first  # fresh run
+    kept = rl_runs.kept_evaluation(tmp_path, agent, {"episodes": 4}, evaluate, reuse=True)
+    assert len(calls) == 2
+    assert rl_runs.kept_evaluation(tmp_path, agent, {"episodes": 8}, evaluate, reuse=True) != kept  # settings
+    assert len(calls) == 3
+    with torch.no_grad():
+        agent.weight[0, 0] += 1e-6
+    rl_runs.kept_evaluation(tmp_path, agent, {"episodes": 8}, evaluate, reuse=True)  # other weights
+    assert len(calls) == 4
+    assert rl_runs.kept_evaluation(None, agent, {"episodes": 8}, evaluate, reuse=True) and len(calls) == 5
+
+
+def test_a_resumed_minigrid_transfer_does_not_evaluate_its_finished_runs_again(tmp_path, monkeypatch):
+    from chronomem.rl import evaluate
+
+    whole = run_experiment(get_experiment("minigrid-transfer"), "smoke", tmp_path / "run", progress=False)
+    (tmp_path / "run" / "results.json").rename(tmp_path / "whole.json")
+    evaluated, really_evaluate = [], evaluate.evaluate
+    monkeypatch.setattr(evaluate, "evaluate", lambda *args, **kw: evaluated.append(args[1]) or really_evaluate(
+        *args, **kw))
+    resumed = run_experiment(get_experiment("minigrid-transfer"), "smoke", tmp_path / "run", progress=False,
+                             resume=True)
+    assert evaluated == [] and resumed["results"] == whole["results"]
+    assert resumed["extra"]["runs"] == whole["extra"]["runs"]
+
+
 @pytest.mark.parametrize("name", ["ballet-rl", "popgym", "minigrid-transfer"])
 def test_a_resumed_experiment_gives_the_uninterrupted_table(tmp_path, monkeypatch, name):
     import shutil

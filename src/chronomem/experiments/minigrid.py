@@ -29,7 +29,7 @@ from typing import Any
 from chronomem.envs.minigrid import PAIRS
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
-from chronomem.experiments.rl_runs import check_no_time_budget, control_summary, ppo_run
+from chronomem.experiments.rl_runs import check_no_time_budget, control_summary, kept_evaluation, ppo_run
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
 from chronomem.threads import threads_set_to
@@ -133,7 +133,9 @@ def ppo_settings(scale: TransferScale) -> dict[str, Any]:
 
 
 def run_job(job: Job) -> dict[str, Any]:
-    """Train one agent on the pair's small env and evaluate it on both envs; its row of numbers."""
+    """Train one agent on the pair's small env and evaluate it on both envs; its row of numbers. The
+    evaluation is kept in the run's directory, and a resumed experiment reads it back
+    (``rl_runs.kept_evaluation``)."""
     import torch
 
     from chronomem.rl.evaluate import evaluate
@@ -141,13 +143,20 @@ def run_job(job: Job) -> dict[str, Any]:
     s, pair = job.scale, PAIRS[job.pair]
     result = ppo_run(pair.train, job.model, MODELS[job.model], ppo_settings(s), s.frames_of(job.pair), job.seed,
                      Path(job.out), job.progress, reuse=job.resume)
-    with threads_set_to(1):  # the evaluation, as the training, on one thread
-        options = {} if s.eval_max_steps is None else {"max_episode_steps": s.eval_max_steps}
-        evaluations = {}
-        for column, env_id in zip(COLUMNS[job.pair], (pair.train, pair.test), strict=True):
-            torch.manual_seed(EVAL_SEED + job.seed)  # the sampled actions, as the env seeds, fixed per run
-            evaluations[column] = evaluate(result.agent.eval(), env_id, s.episodes, EVAL_SEED + job.seed,
-                                           min(16, s.episodes), progress=job.progress, **options)
+    options = {} if s.eval_max_steps is None else {"max_episode_steps": s.eval_max_steps}
+    envs = dict(zip(COLUMNS[job.pair], (pair.train, pair.test), strict=True))
+
+    def evaluate_both() -> dict[str, dict]:
+        with threads_set_to(1):  # the evaluation, as the training, on one thread
+            evaluations = {}
+            for column, env_id in envs.items():
+                torch.manual_seed(EVAL_SEED + job.seed)  # the sampled actions, as the env seeds, fixed per run
+                evaluations[column] = evaluate(result.agent.eval(), env_id, s.episodes, EVAL_SEED + job.seed,
+                                               min(16, s.episodes), progress=job.progress, **options)
+        return evaluations
+
+    settings = {"envs": envs, "episodes": s.episodes, "seed": EVAL_SEED + job.seed, "options": options}
+    evaluations = kept_evaluation(Path(job.out), result.agent, settings, evaluate_both, job.resume)
     last = result.history[-1] if result.history else {}
     return {"pair": job.pair, "model": job.model, "seed": job.seed, "frames": result.frames,
             "train_seconds": round(result.seconds, 1), "sps": round(result.frames / max(result.seconds, 1e-9)),

@@ -8,7 +8,9 @@ machine); frames per second are measured and reported, never used to stop a run.
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,44 @@ def finished_run(args, options: dict):
     trainer = torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
     set_rng_state(trainer["rng"])  # the CPU generator and, where the run used one, the GPU's
     return PPOResult(agent, frames, float(trainer["seconds"]), read_metrics(run_dir / "metrics.csv"))
+
+
+EVALUATION_FILE = "evaluation.json"  # a run's kept evaluation, beside its config.json
+
+
+def weights_digest(module) -> str:
+    """SHA-256 of a module's state (names and bytes): two agents share it only if their weights are equal."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def kept_evaluation(out: Path | None, agent, settings: dict[str, Any], evaluate: Callable[[], Any],
+                    reuse: bool) -> Any:
+    """``evaluate()`` of a trained ``agent``, kept in ``OUT/evaluation.json`` with ``settings`` and the
+    agent's ``weights_digest``. Resumed (``reuse``: ``chronomem run --resume``), a run whose file holds
+    the same settings and weights is not evaluated again: MemLSTM's DoorKey-16x16 evaluation takes about
+    10 minutes a run, and an experiment cut by a session's end resumes every finished run. Only for an
+    evaluation that seeds its own draws, whose result does not depend on what ran before it; the
+    result must be plain JSON (it is compared read back)."""
+    from chronomem.experiments.base import write_json_atomic
+
+    if out is None:
+        return evaluate()
+    saved, key = Path(out) / EVALUATION_FILE, {"settings": settings, "weights": weights_digest(agent)}
+    if reuse and saved.exists():
+        kept = json.loads(saved.read_text())
+        if {name: kept.get(name) for name in key} == json.loads(json.dumps(key)):
+            return kept["result"]
+    result = evaluate()
+    write_json_atomic(saved, {**key, "result": result})
+    return result
 
 
 def control_summary(task: str, frames: int, metric: str, threshold: str, per_seed: dict[str, list],
