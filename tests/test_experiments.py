@@ -304,3 +304,21 @@ def test_plot_marks_each_rows_chance_level(tmp_path, monkeypatch):
              for fig in figures]
     assert marks == [[50.0, 10.0, 12.5], [12.5]]
     assert "chance" in [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+
+
+def test_plot_keeps_values_readable_over_the_chance_mark(tmp_path, monkeypatch):
+    """A bar ending at chance has its number on an opaque ground drawn above the dashed mark, so the mark
+    does not cross the number out."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    results = {"experiment": "visual-match", "scale": "quick", "results": {"mlp": {"d5": 33.0}}, "paper": {},
+               "chance": 100 / 3}
+    plot_results(results, tmp_path / "v.png", "%")
+    ax = figures[0].axes[0]
+    (mark,) = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    (label,) = [text for text in ax.texts if text.get_text().strip() == "33.0"]
+    assert label.get_zorder() > mark.get_zorder()
+    ground = label.get_bbox_patch()
+    assert ground is not None and ground.get_facecolor()[3] == 1.0

@@ -266,8 +266,11 @@ def plot_results(results: dict, path: Path, metric: str) -> None:
         for value, offset, style in ((o, bar / 2, dict(color="C0")), (p, -bar / 2, dict(fill=False, hatch="//"))):
             if _number(value) is not None:
                 ax.barh(y + offset, _number(value), bar, **style)
+                # Beyond the bar's end, on a white ground over the chance mark: a bar ending near chance
+                # would have its number crossed out by the dashed line.
                 ax.text(_number(value), y + offset, f" {format_value(value)} ", va="center", fontsize=7,
-                        ha="left" if value >= 0 else "right")  # beyond the bar's end
+                        ha="left" if value >= 0 else "right", zorder=4,
+                        bbox=dict(facecolor="white", edgecolor="none", pad=0.3))
             elif value is not None:  # e.g. "OOM"
                 ax.text(0, y + offset, f" {value}", va="center", fontsize=7, color="C3")
         if (level := chance(model, setting)) is not None:
