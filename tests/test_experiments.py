@@ -306,19 +306,31 @@ def test_plot_marks_each_rows_chance_level(tmp_path, monkeypatch):
     assert "chance" in [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
 
 
-def test_plot_keeps_values_readable_over_the_chance_mark(tmp_path, monkeypatch):
-    """A bar ending at chance has its number on an opaque ground drawn above the dashed mark, so the mark
-    does not cross the number out."""
-    import matplotlib.pyplot as plt
+def test_plot_keeps_values_readable_over_the_chance_mark(tmp_path):
+    """A bar ending just short of chance has its number beside it, and the dashed mark is hidden over the
+    bar's whole height there: read from the saved pixels, against the same figure with the mark elsewhere
+    (same limits, same legend, so the two images line up pixel for pixel)."""
+    import numpy as np
+    from PIL import Image
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
-    results = {"experiment": "visual-match", "scale": "quick", "results": {"mlp": {"d5": 33.0}}, "paper": {},
-               "chance": 100 / 3}
-    plot_results(results, tmp_path / "v.png", "%")
-    ax = figures[0].axes[0]
-    (mark,) = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
-    (label,) = [text for text in ax.texts if text.get_text().strip() == "33.0"]
-    assert label.get_zorder() > mark.get_zorder()
-    ground = label.get_bbox_patch()
-    assert ground is not None and ground.get_facecolor()[3] == 1.0
+    def render(level: float) -> np.ndarray:
+        results = {"experiment": "visual-match", "scale": "quick", "results": {"mlp": {"d5": 33.0, "d30": 95.0}},
+                   "paper": {}, "chance": {"d5": level, "d30": 34.0}}
+        plot_results(results, tmp_path / "v.png", "%")
+        return np.asarray(Image.open(tmp_path / "v.png").convert("RGB")).astype(int)
+
+    crossed, elsewhere = render(34.0), render(80.0)
+    assert crossed.shape == elsewhere.shape
+    differ = (crossed != elsewhere).any(axis=2)
+    columns = np.flatnonzero(differ.any(axis=0))
+    mark = columns[columns < crossed.shape[1] // 2]  # the mark at 34 (the one at 80 lies right of the middle)
+    assert 0 < len(mark) <= 3, "the mark at 34 is drawn somewhere in the row"
+    column = int(mark.min())
+    def blue(x: int) -> np.ndarray:
+        return np.abs(crossed[:, x] - [31, 119, 180]).sum(axis=1) < 30
+
+    rows = np.flatnonzero(blue(column - 8) & ~blue(column + 8))  # the d5 bar ends just short of the mark
+    assert len(rows) > 5, "the d5 bar ends a few pixels short of the mark"
+    inside = slice(rows.min() + 1, rows.max())  # the bar's height, less its anti-aliased edges
+    assert not differ[inside, column - 1:column + 3].any(), "the mark shows across the number beside the bar"
+    assert differ[:rows.min(), column].any() and differ[rows.max() + 1:, column].any(), "the mark shows elsewhere"

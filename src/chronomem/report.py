@@ -261,16 +261,12 @@ def plot_results(results: dict, path: Path, metric: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(rows)))
     ys = list(range(len(rows)))[::-1]  # the first row at the top
     bar = 0.38
-    marks = []
+    marks, labels = [], []
     for y, (model, setting, o, p) in zip(ys, rows, strict=True):
         for value, offset, style in ((o, bar / 2, dict(color="C0")), (p, -bar / 2, dict(fill=False, hatch="//"))):
             if _number(value) is not None:
                 ax.barh(y + offset, _number(value), bar, **style)
-                # Beyond the bar's end, on a white ground over the chance mark: a bar ending near chance
-                # would have its number crossed out by the dashed line.
-                ax.text(_number(value), y + offset, f" {format_value(value)} ", va="center", fontsize=7,
-                        ha="left" if value >= 0 else "right", zorder=4,
-                        bbox=dict(facecolor="white", edgecolor="none", pad=0.3))
+                labels.append((_number(value), y + offset, format_value(value)))
             elif value is not None:  # e.g. "OOM"
                 ax.text(0, y + offset, f" {value}", va="center", fontsize=7, color="C3")
         if (level := chance(model, setting)) is not None:
@@ -286,6 +282,17 @@ def plot_results(results: dict, path: Path, metric: str) -> None:
     ax.set_xlabel(metric)
     values = [_number(v) or 0.0 for *_, o, p in rows for v in (o, p)] + marks
     ax.set_xlim(min(values + [0.0]) * 1.15, max(values + [1.0]) * 1.15)  # returns can be negative
+    # Each number sits beyond its bar's end on a white ground as tall as the bar, drawn over the chance
+    # mark: a bar ending near chance would otherwise have its number crossed out by the dashed line. The
+    # ground's pad is in points, so it is sized once the axes' limits are final.
+    ax.get_ylim()  # settles the autoscaled limits, which the transform below reads
+    fontsize = 7
+    bar_points = abs(ax.transData.transform((0, bar))[1] - ax.transData.transform((0, 0))[1]) * 72 / fig.dpi
+    pad = max(0.0, bar_points - 1.2 * fontsize) / 2  # a line of text is about 1.2 font sizes tall
+    for value, y, text in labels:
+        ax.annotate(text, (value, y), xytext=(pad + 1 if value >= 0 else -pad - 1, 0), textcoords="offset points",
+                    va="center", ha="left" if value >= 0 else "right", fontsize=fontsize, zorder=4,
+                    bbox=dict(boxstyle=f"square,pad={pad / fontsize}", facecolor="white", edgecolor="none"))
     ax.set_title(f"{results['experiment']} ({results['scale']})")
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.savefig(path, dpi=100, bbox_inches="tight")  # the box grows to hold every label
