@@ -50,7 +50,7 @@ def test_runs_of_other_models_on_the_same_control_share_its_table(tmp_path):
     assert page.count("Control (no memory needed): `Easy-v0`") == 1
     table = page.split("Control (no memory needed)")[1]
     assert "| mlp | 0.95, 0.97 | 2/2 |\n| htm | 0.99, 0.50 | 1/2 |" in table
-    assert page.count("**The control was not learned** by `htm` (1/2 seeds)") == 1
+    assert page.count("**The control was not learned** by `htm` (learned by 1/2 seeds)") == 1
     write_run(tmp_path / "c", results={"tlb": {"T=100": 35.0}}, control=control({"tlb": [1.0]}, task="`Other-v0`"))
     assert results_page([tmp_path]).count("Control (no memory needed):") == 2  # another task: its own table
 
@@ -165,3 +165,19 @@ print(sorted(m for m in sys.modules if m.startswith(("chronomem.registry", "chro
     assert "| coin | 50.0 |" in out
     assert "a above b" in out and "holds" in out
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_report_counts_long_lists_and_writes_short_ones(tmp_path):
+    """report.md writes a run's extra measurements, but a learning curve (a list of thousands of points)
+    only as its length: the curve is in results.json and the figures."""
+    from chronomem.registry import get_experiment
+    from chronomem.report import report_markdown
+
+    curve = [[frames, 0.5] for frames in range(0, 2000 * 64, 64)]
+    results = {"experiment": "copy-baselines", "scale": "quick", "seed": 0, "seconds": 1.0, "config": {},
+               "results": {"lstm": {"T=100": 30.0}}, "paper": {},
+               "extra": {"runs": [{"seed": 0, "curve": curve, "last": [1, 2, 3]}]}}
+    report = report_markdown(get_experiment("copy-baselines"), results)
+    assert '"curve": "2000 entries (in results.json)"' in report
+    assert '"last": [\n' in report and "128000" not in report and "127936" not in report
+    assert len(results["extra"]["runs"][0]["curve"]) == 2000  # results.json keeps every point

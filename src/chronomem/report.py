@@ -143,13 +143,14 @@ def seeds_markdown(run: dict[str, Any]) -> list[str]:
 
 def control_warning(run: dict[str, Any]) -> list[str]:
     """The line that heads the report of an RL run whose control (``run["control"]``) some seed did not
-    learn: its memory table cannot be read. Empty otherwise."""
+    learn: that model's cells cannot be read as a memory result. Empty otherwise."""
     learned = (run.get("control") or {}).get("learned", {})  # {model: [bool per seed]}
-    failed = ", ".join(f"`{m}` ({sum(seeds)}/{len(seeds)} seeds)" for m, seeds in learned.items() if not all(seeds))
+    failed = [f"`{m}` (learned by {sum(seeds)}/{len(seeds)} seeds)" for m, seeds in learned.items() if not all(seeds)]
     if not failed:
         return []
-    return [f"**The control was not learned** by {failed}: with these settings the table below cannot tell "
-            "memory from learning at all, so its cells cannot be read as a memory result.", ""]
+    whose = "that model's" if len(failed) == 1 else "those models'"
+    return [f"**The control was not learned** by {', '.join(failed)}: with these settings the table below cannot "
+            f"tell memory from learning in {whose} cells, so they cannot be read as a memory result.", ""]
 
 
 def control_markdown(run: dict[str, Any]) -> list[str]:
@@ -183,6 +184,21 @@ def pooled_controls(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         joined["per_seed"].update(control["per_seed"])
         joined["learned"].update(control["learned"])
     return list(pooled.values())
+
+
+LISTED = 12  # the longest list the report writes out in full; a longer one (a learning curve) is counted
+
+
+def _brief(value: Any) -> Any:
+    """``value`` with every list longer than ``LISTED`` replaced by a line that counts it: a run's learning
+    curves (thousands of points) are its figure and results.json's, not lines for a reader of report.md."""
+    if isinstance(value, dict):
+        return {key: _brief(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        if len(value) > LISTED:
+            return f"{len(value)} entries (in results.json)"
+        return [_brief(item) for item in value]
+    return value
 
 
 def report_markdown(experiment, results: dict) -> str:
@@ -222,7 +238,7 @@ def report_markdown(experiment, results: dict) -> str:
     if experiment.notes:
         parts += ["", experiment.notes]
     if results.get("extra"):
-        extra = json.dumps(results["extra"], indent=2, default=json_default)
+        extra = json.dumps(_brief(results["extra"]), indent=2, default=json_default)
         parts += ["", "## Extra measurements", "", "```json", extra, "```"]
     parts += ["", "## Config", "", "```json", json.dumps(results["config"], indent=2, default=json_default), "```", ""]
     return "\n".join(parts)
