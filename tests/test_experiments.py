@@ -326,6 +326,7 @@ def test_plot_keeps_values_readable_over_the_chance_mark(tmp_path):
     mark = columns[columns < crossed.shape[1] // 2]  # the mark at 34 (the one at 80 lies right of the middle)
     assert 0 < len(mark) <= 3, "the mark at 34 is drawn somewhere in the row"
     column = int(mark.min())
+
     def blue(x: int) -> np.ndarray:
         return np.abs(crossed[:, x] - [31, 119, 180]).sum(axis=1) < 30
 

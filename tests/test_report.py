@@ -167,7 +167,7 @@ print(sorted(m for m in sys.modules if m.startswith(("chronomem.registry", "chro
     assert out.strip().splitlines()[-1] == "[]"
 
 
-def test_report_counts_long_lists_and_writes_short_ones(tmp_path):
+def test_report_counts_long_lists_and_writes_short_ones():
     """report.md writes a run's extra measurements, but a learning curve (a list of thousands of points)
     only as its length: the curve is in results.json and the figures."""
     from chronomem.registry import get_experiment
