@@ -1,0 +1,70 @@
+"""How large is HTM's memory read at initialisation, beside the residual stream it is added to?
+
+An untrained one-layer HTM (the quick RL agent's: width 64, 4 heads, chunks of 16, top-4 of 24 chunks,
+a local window of 16) reads a batch of random sequences of unit-variance inputs; the script prints the
+mean norm per step of the input, of the memory read (``x + read`` in ``HTMLayer``: the HTM block) and
+of the layer's whole update ``y - x``, for the released module's ``init_scale=2`` (docs/htm.md) and
+PyTorch's default (``init_scale=None``). docs/rl.md, "HTM's read at initialisation".
+
+    python benchmarks/htm_read_scale.py
+    python benchmarks/htm_read_scale.py --dim 256 --steps 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import torch
+
+
+@contextlib.contextmanager
+def recorded_reads(norms: list[float]):
+    """Within the block, every ``HTMAttention.read`` appends the mean norm per step of its output."""
+    from chronomem.htm import HTMAttention
+
+    original = HTMAttention.read
+
+    def read(self, queries, *args, **kwargs):
+        out = original(self, queries, *args, **kwargs)
+        norms.append(out.norm(dim=-1).mean().item())
+        return out
+
+    HTMAttention.read = read
+    try:
+        yield
+    finally:
+        HTMAttention.read = original
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=60, help="a Key-to-Door episode at distractor 30")
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    from chronomem.htm import build_htm
+
+    torch.set_num_threads(1)
+    print("| init_scale | input | memory read | read / input | layer update y - x |")
+    print("|---|---|---|---|---|")
+    for init_scale in (2.0, None):
+        inputs, reads, updates = [], [], []
+        for seed in range(args.seeds):
+            torch.manual_seed(seed)
+            core = build_htm(args.dim, 1, 4, chunk_size=16, top_k=4, memory_size=24, window=16,
+                             memory_gradient=True, init_scale=init_scale)
+            x = torch.randn(args.batch, args.steps, args.dim)
+            with torch.no_grad(), recorded_reads(reads):
+                y, _ = core(x)
+            inputs.append(x.norm(dim=-1).mean().item())
+            updates.append((y - x).norm(dim=-1).mean().item())
+        mean = lambda values: sum(values) / len(values)  # noqa: E731
+        print(f"| {init_scale} | {mean(inputs):.2f} | {mean(reads):.2f} | {mean(reads) / mean(inputs):.2f} "
+              f"| {mean(updates):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
