@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from statistics import fmean
 
 import torch
 
@@ -61,9 +62,8 @@ def main(argv=None) -> None:
                 y, _ = core(x)
             inputs.append(x.norm(dim=-1).mean().item())
             updates.append((y - x).norm(dim=-1).mean().item())
-        mean = lambda values: sum(values) / len(values)  # noqa: E731
-        print(f"| {init_scale} | {mean(inputs):.2f} | {mean(reads):.2f} | {mean(reads) / mean(inputs):.2f} "
-              f"| {mean(updates):.2f} |")
+        print(f"| {init_scale} | {fmean(inputs):.2f} | {fmean(reads):.2f} | {fmean(reads) / fmean(inputs):.2f} "
+              f"| {fmean(updates):.2f} |")
 
 
 if __name__ == "__main__":
