@@ -201,13 +201,14 @@ def test_cached_keys_equal_recomputed_ones(memory_mode):
     assert not torch.equal(s_after.kv_version, s_cached.kv_version)
 
     def stale(change, moves: float = 1e-4) -> None:
-        """After ``change`` of the parameters, a call without gradients from ``state`` recomputes (a stale
-        cache would be off by at least ``moves``, 1e-10 at least)."""
+        """After ``change`` of the parameters, a call without gradients from a state cached just before
+        it recomputes (a stale cache would be off by at least ``moves``, 1e-10 at least)."""
         with torch.no_grad():
-            before, _ = model(x[:, 6:], state, mask=mask[:, 6:])
+            _, fresh = model(x[:, :6], mask=mask[:, :6])  # cached with the present parameters
+            before, _ = model(x[:, 6:], fresh, mask=mask[:, 6:])
             change()
-            after, s_after = model(x[:, 6:], state, mask=mask[:, 6:])
-        recomputed, _ = model(x[:, 6:], XLState(state.memory, state.valid), mask=mask[:, 6:])
+            after, _ = model(x[:, 6:], fresh, mask=mask[:, 6:])
+        recomputed, _ = model(x[:, 6:], XLState(fresh.memory, fresh.valid), mask=mask[:, 6:])
         torch.testing.assert_close(after, recomputed.detach(), atol=1e-10, rtol=0)
         assert (after - before).abs().max() > moves, "the change must move the outputs"
 

@@ -25,7 +25,6 @@ Deviations from the papers are listed in each class docstring.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 
 import torch
@@ -48,6 +47,7 @@ from chronomem.config import build_config
 from chronomem.core import CausalCore
 from chronomem.layers import (
     FeedForward,
+    ParameterVersion,
     RecurrentState,
     RelativeAttention,
     SelfAttentionBlock,
@@ -372,7 +372,7 @@ class XLLayer(nn.Module):
     def memory_kv(self, memory: Tensor) -> Tensor:
         """Keys and values of the memory, ``[B, M, 2 dim]``: ``W_kv LN(M)`` (LN and the projection are per
         token, so they are the same whether computed now or when the step was in its own segment)."""
-        return self.attn.attn.to_kv(self.norm_attn(memory))
+        return self.attn.keys_values(self.norm_attn(memory))
 
     def step(
         self,
@@ -393,7 +393,7 @@ class XLLayer(nn.Module):
         concatenation."""
         # LN is per token, so LN([M; E]) = [LN(M); LN(E)]; the queries are the segment's own rows.
         normed = self.norm_attn(h)
-        segment_kv = self.attn.attn.to_kv(normed)
+        segment_kv = self.attn.keys_values(normed)
         if step_valid is not None:  # never attended (key_valid): zeroed only so that the cache is
             segment_kv = segment_kv.masked_fill(~step_valid[..., None], 0.0)
         if into is None:
@@ -404,13 +404,8 @@ class XLLayer(nn.Module):
         if queries is not None:
             h, normed = h[:, h.shape[1] - queries :], normed[:, h.shape[1] - queries :]
             attn_mask = None if attn_mask is None else attn_mask[..., attn_mask.shape[-2] - queries :, :]
-        # RelativeAttention.forward from projected keys and values (Dai et al. Sec. 3.3, terms (a)-(d))
-        attn, heads = self.attn, (self.attn.num_heads, self.attn.head_dim)
-        k, v = (t.unflatten(-1, heads).transpose(1, 2) for t in keys_kv.chunk(2, -1))
-        q = attn.attn.heads_q(normed)
-        bias = attn.position_bias(q, k.shape[-2])
-        y = attn.attn.attend(q + attn.u[:, None, :], k, v, mask=merge_masks(key_valid, attn_mask), bias=bias,
-                             causal=causal and q.shape[-2] > 1)  # a single query sees every key anyway
+        y = self.attn.forward_projected(normed, keys_kv, key_mask=key_valid, attn_mask=attn_mask,
+                                        causal=causal and normed.shape[1] > 1)  # one query sees every key anyway
         h = self.gate_attn(h, F.relu(y)) if self.gated else h + y
         y = self.ff(self.norm_ff(h))
         return self.gate_ff(h, F.relu(y)) if self.gated else h + y, keys_kv
@@ -511,9 +506,6 @@ def _is_window(view: Tensor, buffer: Tensor, start: int) -> bool:
 
 
 MEMORY_MODES = ("segment", "sliding")
-# Numbers naming parameter values across every TransformerXL, so a state's cached keys and values are
-# only read by a module whose parameters still have the values they were computed with.
-_parameter_versions = itertools.count(1)
 
 
 class TransformerXL(CausalCore):
@@ -599,6 +591,7 @@ class TransformerXL(CausalCore):
             for _ in range(cfg.depth)
         )
         self.norm = nn.LayerNorm(cfg.dim)
+        self._kv_parameters = ParameterVersion()  # names the values W_kv LN(M) was cached with
 
     def init_state(self, batch_size: int, device=None) -> XLState:
         """The empty memory: zeros, all slots invalid."""
@@ -612,20 +605,9 @@ class TransformerXL(CausalCore):
 
     def _parameter_version(self) -> int:
         """The number naming the current values of the parameters the memory's keys and values depend on
-        (each layer's ``norm_attn`` and ``to_kv``): a new number whenever they changed since the last call.
-        A change is seen in each parameter's storage address and version counter: every in-place write
-        (an optimiser step, ``load_state_dict``'s copy) bumps the counter, and ``.to()`` and friends
-        make new tensors (``_apply`` forgets the last key), as ``RelativeAttention.projected_distances``
-        keys its cache. No comparison of values: an acting step reads this once."""
-        params = [p for layer in self.layers for m in (layer.norm_attn, layer.attn.attn.to_kv) for p in m.parameters()]
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device, p.shape) for p in params)
-        if key != getattr(self, "_kv_key", None):
-            self._kv_key, self._kv_version = key, next(_parameter_versions)
-        return self._kv_version
-
-    def _apply(self, fn, *args, **kwargs):
-        self._kv_key = None  # .to(), .double(), ...: new parameters, possibly at the old addresses
-        return super()._apply(fn, *args, **kwargs)
+        (each layer's ``norm_attn`` and ``to_kv``; ``layers.ParameterVersion``)."""
+        return self._kv_parameters(
+            p for layer in self.layers for m in (layer.norm_attn, layer.attn.attn.to_kv) for p in m.parameters())
 
     def check_state(self, state, batch: int) -> XLState:
         if not isinstance(state, XLState):

@@ -32,6 +32,7 @@ or ``check_token_ids``, so a bad input never fails inside a matmul):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -186,7 +187,16 @@ class MultiHeadAttention(nn.Module):
 
     def heads_kv(self, key_value: Tensor) -> tuple[Tensor, Tensor]:
         """Project keys and values to heads: ``[..., Nk, kv_dim] -> 2 x [..., H, Nk, Dh]``."""
-        k, v = self.to_kv(key_value).chunk(2, dim=-1)
+        return self.split_kv(self.to_kv(key_value))
+
+    def keys_values(self, key_value: Tensor) -> Tensor:
+        """The projected keys and values ``forward_projected`` reads: ``to_kv(key_value)``, ``[..., Nk, 2 qkv_dim]``."""
+        return self.to_kv(key_value)
+
+    def split_kv(self, keys_values: Tensor) -> tuple[Tensor, Tensor]:
+        """Projected keys and values (``to_kv``'s output, ``[..., Nk, 2 qkv_dim]``, e.g. from a cache)
+        to heads: ``2 x [..., H, Nk, Dh]``."""
+        k, v = keys_values.chunk(2, dim=-1)
         return self._split(k), self._split(v)
 
     def attend(
@@ -232,9 +242,23 @@ class MultiHeadAttention(nn.Module):
         attn_mask: Tensor | None = None,
         causal: bool = False,
     ) -> Tensor:
-        q = self.heads_q(query)
-        k, v = self.heads_kv(query if key_value is None else key_value)
-        return self.attend(q, k, v, mask=merge_masks(key_mask, attn_mask), causal=causal)
+        return self.forward_projected(query, self.to_kv(query if key_value is None else key_value),
+                                      key_mask=key_mask, attn_mask=attn_mask, causal=causal)
+
+    def forward_projected(
+        self,
+        query: Tensor,
+        keys_values: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        """``forward`` from keys and values already projected (``to_kv``'s output ``[B, Nk, 2 qkv_dim]``,
+        e.g. cached across an agent's steps): the same numbers as ``forward(query, key_value)`` when
+        ``keys_values = to_kv(key_value)``."""
+        k, v = self.split_kv(keys_values)
+        return self.attend(self.heads_q(query), k, v, mask=merge_masks(key_mask, attn_mask), causal=causal)
 
 
 def merge_masks(key_mask: Tensor | None, attn_mask: Tensor | None) -> Tensor | None:
@@ -355,8 +379,27 @@ class RelativeAttention(nn.Module):
         are the last ``Nq`` keys, at consecutive positions). Masks as in ``MultiHeadAttention.forward``
         (``key_mask [B, Nk]``, ``attn_mask`` broadcastable to ``[B, H, Nq, Nk]``), so the two are
         interchangeable. Causal = each query sees the memory and the segment up to itself."""
+        return self.forward_projected(query, self.keys_values(key_value), key_mask=key_mask, attn_mask=attn_mask,
+                                      causal=causal)
+
+    def keys_values(self, key_value: Tensor) -> Tensor:
+        """The projected keys and values ``forward_projected`` reads: ``attn.to_kv(key_value)``, ``[B, Nk, 2 D]``."""
+        return self.attn.to_kv(key_value)
+
+    def forward_projected(
+        self,
+        query: Tensor,
+        keys_values: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        causal: bool = False,
+    ) -> Tensor:
+        """``forward`` from keys and values already projected (``attn.to_kv`` of the normed keys,
+        ``[B, Nk, 2 D]``, e.g. cached across an agent's steps, as Transformer-XL's memory and HTM's local
+        attention cache them). Terms (a)-(d) of Dai et al. Sec. 3.3."""
         q = self.attn.heads_q(query)  # [B, H, Nq, Dh]
-        k, v = self.attn.heads_kv(key_value)  # [B, H, Nk, Dh]
+        k, v = self.attn.split_kv(keys_values)  # [B, H, Nk, Dh]
         bias = self.position_bias(q, k.shape[-2])
         mask = merge_masks(key_mask, attn_mask)
         return self.attn.attend(q + self.u[:, None, :], k, v, mask=mask, bias=bias, causal=causal)
@@ -464,6 +507,38 @@ class CrossAttentionBlock(nn.Module):
 # --------------------------------------------------------------------------------------------
 # Recurrent state and configs
 # --------------------------------------------------------------------------------------------
+
+
+# Numbers naming parameter values across every module, so that keys and values cached in a state are
+# read only by a module whose parameters still have the values they were computed with.
+_parameter_versions = itertools.count(1)
+
+
+class ParameterVersion:
+    """``version(parameters) -> int``: a number naming the parameters' current values, a new one whenever
+    they changed since the last call (Transformer-XL's memory and HTM's local attention tag the keys and
+    values they cache in a state with it, and read them back only under the same number).
+
+    A change is found by comparing the values with a copy kept from the last change (a few thousand
+    numbers for the layers' key-value projections and LayerNorms; ``torch.equal``, a few microseconds
+    each). Neither storage addresses nor version counters are enough: torch's fused Adam (PPO's
+    optimiser) writes parameters in place without bumping their version counters, and ``.to()`` may
+    reuse an address. Numbers are unique across instances, so one module never reads keys and values
+    another cached; 0 names nothing."""
+
+    def __init__(self):
+        self._values: list[Tensor] = []
+        self._number = 0
+
+    def __call__(self, parameters) -> int:
+        parameters = list(parameters)
+        same = self._number and len(parameters) == len(self._values) and all(
+            p.dtype == v.dtype and p.device == v.device and p.shape == v.shape and torch.equal(p, v)
+            for p, v in zip(parameters, self._values, strict=True))
+        if not same:
+            self._values = [p.detach().clone() for p in parameters]
+            self._number = next(_parameter_versions)
+        return self._number
 
 
 def _map_tensors(value: Any, fn) -> Any:
