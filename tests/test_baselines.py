@@ -234,6 +234,12 @@ def test_projected_distances_are_kept_outside_autograd_and_never_stale():
     ra.load_state_dict(other.state_dict())
     with torch.inference_mode():
         assert torch.equal(ra(x, context), fresh())
+        ra(x, context)
+    for p in ra.parameters():  # fused Adam writes in place without bumping version counters
+        p.grad = torch.randn_like(p)
+    torch.optim.Adam(ra.parameters(), lr=0.5, fused=True).step()
+    with torch.inference_mode():
+        assert torch.equal(ra(x, context), fresh())
     ra.double()
     assert ra._distances_cache is None
     with torch.inference_mode():

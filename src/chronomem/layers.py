@@ -314,21 +314,21 @@ class RelativeAttention(nn.Module):
         self.u = nn.Parameter(torch.randn(num_heads, self.head_dim) * 0.02)  # global content bias
         self.v = nn.Parameter(torch.randn(num_heads, self.head_dim) * 0.02)  # global position bias
         self._distances_cache: tuple | None = None  # (key, W_kr R) of the last call outside autograd
+        self._to_r_values = ParameterVersion()
 
     def projected_distances(self, n_key: int, n_q: int, dtype: torch.dtype, device) -> Tensor:
         """``W_kr R_d`` for the distances ``d = Nk - 1, ..., -(Nq - 1)``: ``[Nk + Nq - 1, D]``.
 
         It depends only on the shape and ``W_kr``, so outside autograd (an agent acting, generation:
         the same ``Nk`` and ``Nq`` at every step) the last one is kept and reused while the shape, dtype,
-        device and ``W_kr`` (its storage and version counter, which an optimizer step or a
-        ``load_state_dict`` bumps) are the same; under autograd it is always computed.
+        device and ``W_kr``'s values (``ParameterVersion``) are the same; under autograd it is always
+        computed.
 
         Under ``torch.compile`` it is always computed too: the compiled graph holds it, and a key made of
         a weight's address would break the graph and recompile for every layer."""
         if torch.compiler.is_compiling():
             return self._project_distances(n_key, n_q, dtype, device)
-        weight = self.to_r.weight
-        key = (n_key, n_q, dtype, str(device), weight.data_ptr(), weight._version)
+        key = (n_key, n_q, dtype, str(device), self._to_r_values(self.to_r.parameters()))
         if not torch.is_grad_enabled() and self._distances_cache is not None and self._distances_cache[0] == key:
             return self._distances_cache[1]
         r = self._project_distances(n_key, n_q, dtype, device)
