@@ -12,7 +12,11 @@ An agent drives its memory core in two ways (docs/design.md, "Episode boundaries
   that grow with time (MemRNN, MemLSTM: every past step) are timed at ``--fill`` steps. With
   ``--compile BACKEND`` each core also runs under ``torch.compile(backend=BACKEND)`` (the same module
   and state, timed in the same rounds; the warm-up round compiles), and its outputs are compared
-  with the eager ones (``max_diff``).
+  with the eager ones (``max_diff``). Beside the time, the work of an acting step, counted over the same
+  steps: ``MFLOP`` (the floating-point operations of its matrix products, torch's ``FlopCounterMode``
+  with the LSTM's and the CPU attention kernel's formulas added; elementwise work is not counted) and
+  ``aten ops`` (the tensor operations it dispatches, views included). On one CPU thread at these
+  sizes a step's time follows its operation count more than its arithmetic.
 * **learning**: one call over a stored rollout ``x [B, 128, D]`` from the steady state, forward and
   backward of ``mean(y^2)``, without and with episode ends inside it (``done``, each step with
   probability 1/64); the ratio is (with dones) / (without). A core that refuses ``done`` (an
@@ -33,12 +37,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from chronomem.registry import build_backbone
 from chronomem.threads import Measured
@@ -123,6 +130,45 @@ def time_acting(model, state, inputs: torch.Tensor) -> float:
     return (time.perf_counter() - start) / len(inputs)
 
 
+def _lstm_layer_flops(input_shape, weight_ih, weight_hh, *args, out_shape=None, **kwargs) -> int:
+    """``aten.mkldnn_rnn_layer`` (the CPU LSTM, one layer over a sequence): the two products per step."""
+    rows = math.prod(input_shape[:-1])  # steps x batch
+    return 2 * rows * (weight_ih[0] * weight_ih[1] + weight_hh[0] * weight_hh[1])
+
+
+def _cpu_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """``aten._scaled_dot_product_flash_attention_for_cpu``: scores and the weighted sum, as torch counts SDPA."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# kernels FlopCounterMode has no formula for: the CPU LSTM and the CPU attention kernel
+EXTRA_FLOPS = {torch.ops.aten.mkldnn_rnn_layer: _lstm_layer_flops,
+               torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops}
+
+
+class OperationCounter(TorchDispatchMode):
+    """Counts the tensor operations dispatched inside it (views included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def acting_work(model, state, inputs: torch.Tensor, formulas: dict | None = None) -> tuple[float, float]:
+    """Per step of ``acting_outputs``: the matrix products' floating-point operations (torch's formulas and
+    ``formulas``, ``EXTRA_FLOPS`` by default) and the tensor operations dispatched (means over the steps,
+    so a chunked core's commit counts once per chunk)."""
+    formulas = EXTRA_FLOPS if formulas is None else formulas
+    flops, operations = FlopCounterMode(display=False, custom_mapping=formulas), OperationCounter()
+    with flops, operations:
+        acting_outputs(model, state, inputs)
+    return flops.get_total_flops() / len(inputs), operations.count / len(inputs)
+
+
 def time_learning(model, state, x: torch.Tensor, done: torch.Tensor | None) -> float:
     """Seconds of one forward + backward of ``mean(y^2)`` over the rollout ``x`` from ``state``."""
     model.zero_grad(set_to_none=True)
@@ -141,7 +187,8 @@ def _cores_and_states(cores, dim, depth, heads, batch, fill, seed):
 def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1024, steps=32, repeats=20,
                 seed=0, compile_backend: str | None = None) -> list[dict]:
     """One row per core: ``ms`` per step (median over repeats), ``env_steps_per_s`` and ``ratio`` to the
-    reference core's eager ``ms`` (``REFERENCE``, which ``cores`` must hold); ``compiled`` None. With
+    reference core's eager ``ms`` (``REFERENCE``, which ``cores`` must hold); ``compiled`` None;
+    ``mflop`` and ``operations`` per step (``acting_work``) and ``flop_ratio`` to the reference's. With
     ``compile_backend`` each core's row is followed by its compiled twin's (``compiled`` the backend,
     ``max_diff`` the largest difference of its outputs from the eager ones over the timed steps)."""
     if not any(core.name == REFERENCE for core in cores):
@@ -162,11 +209,15 @@ def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1
                 seconds[index].append(t)
     medians = [statistics.median(s) for s in seconds]
     reference = medians[next(i for i, run in enumerate(runs) if run[0].name == REFERENCE and run[1] is None)]
+    work = [acting_work(model, state, inputs) if backend is None else None for _, backend, model, state in runs]
+    reference_flops = work[next(i for i, run in enumerate(runs) if run[0].name == REFERENCE and run[1] is None)][0]
     rows, eager_outputs = [], None
-    for (core, backend, model, state), median in zip(runs, medians, strict=True):
+    for (core, backend, model, state), median, counted in zip(runs, medians, work, strict=True):
         row = {"core": core.name, "options": core.label, "compiled": backend, "ms": 1000 * median,
                "env_steps_per_s": batch / median, "ratio": median / reference}
         if backend is None:  # the outputs a compiled twin (the next row) must equal
+            flops, operations = counted
+            row.update(mflop=flops / 1e6, flop_ratio=flops / reference_flops, operations=operations)
             eager_outputs = acting_outputs(model, state, inputs) if compile_backend is not None else None
         else:
             row["max_diff"] = float((acting_outputs(model, state, inputs) - eager_outputs).abs().max())
@@ -213,11 +264,14 @@ def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, leng
 
 
 def format_acting(rows: list[dict]) -> str:
-    lines = [f"{'core':16s} {'options':42s} {'ms/step':>8s} {'env-steps/s':>12s} {'x lstm':>7s}"]
+    lines = [f"{'core':16s} {'options':42s} {'ms/step':>8s} {'env-steps/s':>12s} {'x lstm':>7s} {'MFLOP':>7s} "
+             f"{'x lstm':>7s} {'aten ops':>8s}"]
     for r in rows:
         line = (f"{r['core']:16s} {r['options']:42s} {r['ms']:8.3f} {r['env_steps_per_s']:12.0f} "
                 f"{r['ratio']:7.2f}")
-        if r["compiled"] is not None:
+        if r["compiled"] is None:
+            line += f" {r['mflop']:7.2f} {r['flop_ratio']:7.2f} {r['operations']:8.0f}"
+        else:
             line += f"  compiled ({r['compiled']}), max |difference| {r['max_diff']:.1e}"
         lines.append(line)
     return "\n".join(lines)

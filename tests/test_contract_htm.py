@@ -3,6 +3,8 @@ streaming at any split (one step at a time included), select + concat; for the d
 ``memory_norm`` / ``shared_memory`` / no-relative-positions / ``keep_across_episodes`` / ``overlap`` /
 ``extra_length`` variants, chunk sizes that do and do not divide the length."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from chronomem.htm import HierarchicalMemory, HTMTransformer
 from chronomem.layers import concat_states
 from chronomem.ops.htm_local import call_episodes
 from contract import (
+    assert_same_state,
     check_done_trials,
     check_select_concat,
     check_split_trials,
@@ -56,6 +59,73 @@ def test_any_split_equals_one_call(variant, chunk_size, with_done):
 def test_select_concat(variant):
     model = make(variant, 3, seed=7)
     check_select_concat(model, randn64(4, 13, D, seed=8), concat_states)  # the halves stop mid-chunk
+
+
+def projected(state):
+    """``state`` without its cached local keys and values: a call projects the caches (the reference)."""
+    return dataclasses.replace(state, keys_values=None, kv_version=None)
+
+
+@pytest.mark.parametrize("variant", ["default", "no_relative_positions", "shared_memory", "keep_across_episodes"])
+def test_cached_local_keys_equal_projected_ones(variant, monkeypatch):
+    """Without gradients a call reads the state's local keys and values and projects only its own steps;
+    with gradients, from a state without them, or after the parameters changed, it projects the caches:
+    the same outputs and states either way (one-step acting with episode ends, a padded general call),
+    the cached values are ``W_kv LN(cache)`` at the episode's slots and zeros before it, and a stale
+    cache is never read."""
+    model = make(variant, 3, seed=19, extra_length=1)
+    B, N, L = 3, 15, model.cache_length
+    x = randn64(B, N, D, seed=20)
+    done = torch.zeros(B, N, dtype=torch.bool)
+    done[0, 3] = done[1, 9] = done[2, N - 1] = True  # in the first call, while acting, at the last step
+    first = torch.ones(B, 6, dtype=torch.bool)
+    first[2, 4:] = False  # a padded row: the cache it leaves is its last valid steps
+    projected_rows = []
+    for layer in model.layers:  # count the steps each call projects
+        project = layer.local.keys_values
+        monkeypatch.setattr(layer.local, "keys_values", lambda t, f=project: projected_rows.append(t.shape[1]) or f(t))
+    with torch.no_grad():
+        _, state = model(x[:, :6], mask=first, done=done[:, :6])
+        cached, reference = state, projected(state)
+        for t in range(6, N):  # an agent acting, with episode ends
+            projected_rows.clear()
+            y_cached, cached = model(x[:, t : t + 1], cached, done=done[:, t : t + 1])
+            assert projected_rows == [1] * model.config.depth, "acting projects its own step only"
+            y_reference, reference = model(x[:, t : t + 1], projected(reference), done=done[:, t : t + 1])
+            torch.testing.assert_close(y_cached, y_reference, atol=1e-10, rtol=0)
+        assert_same_state(cached, reference, atol=1e-10)
+        y_call, s_call = model(x[:, 6:], state, done=done[:, 6:])  # a general call from the cache
+    y_grad, s_grad = model(x[:, 6:], state, done=done[:, 6:])  # with gradients: projected
+    torch.testing.assert_close(y_call, y_grad.detach(), atol=1e-10, rtol=0)
+    torch.testing.assert_close(y_cached, y_call[:, -1:], atol=1e-10, rtol=0)
+    assert_same_state(s_call, s_grad.detach(), atol=1e-10)
+    assert_same_state(cached, s_call, atol=1e-10)
+    for layer, cache, kv in zip(model.layers, cached.caches, cached.keys_values, strict=True):
+        episode = (torch.arange(L)[None, :] >= L - cached.position[:, None])[..., None]
+        want = torch.where(episode, layer.local.keys_values(layer.norm_local(cache)), 0.0)
+        torch.testing.assert_close(kv, want, atol=1e-10, rtol=0)
+    assert cached.position.tolist()[2] == 0 and not cached.keys_values[0][2].any()  # ended at the last step
+    assert (cached.kv_version[:2] > 0).all() and cached.kv_version[2] == 0
+
+    def stale(change) -> None:
+        """After ``change`` of the parameters, a step without gradients from a state cached just before it
+        projects again (a stale cache would move the outputs by at least 1e-4)."""
+        with torch.no_grad():
+            _, fresh = model(x[:, :6])  # cached with the present parameters
+            before, _ = model(x[:, 6:7], fresh)
+            change()
+            after, _ = model(x[:, 6:7], fresh)
+            want, _ = model(x[:, 6:7], projected(fresh))
+        torch.testing.assert_close(after, want, atol=1e-10, rtol=0)
+        assert (after - before).abs().max() > 1e-4, "the change must move the outputs"
+
+    for kernel in ({"fused": True}, {"foreach": True}, {"foreach": False}):  # fused bumps no version counter
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.05, **kernel)
+        model(x[:, 6:9], projected(state))[0].square().sum().backward()
+        stale(optimizer.step)
+        model.zero_grad()
+    other = make(variant, 3, seed=21, extra_length=1)
+    stale(lambda: model.load_state_dict(other.state_dict()))
 
 
 @pytest.mark.parametrize("options", [{"output_steps": 5}, {"output_steps": 1, "shared_memory": True, "window": 1},

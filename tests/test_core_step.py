@@ -39,12 +39,34 @@ def test_acting_rows_structure_and_ratios_to_the_lstm():
     reference = next(r for r in rows if r["core"] == "lstm")
     assert reference["ratio"] == pytest.approx(1.0)
     for r in rows:
-        assert set(r) == {"core", "options", "compiled", "ms", "env_steps_per_s", "ratio"} and r["compiled"] is None
-        assert r["ms"] > 0
+        assert set(r) == {"core", "options", "compiled", "ms", "env_steps_per_s", "ratio", "mflop", "flop_ratio",
+                          "operations"} and r["compiled"] is None
+        assert r["ms"] > 0 and r["operations"] > 0
+        assert r["flop_ratio"] == pytest.approx(r["mflop"] / reference["mflop"])
         assert r["ratio"] == pytest.approx(r["ms"] / reference["ms"])
         assert r["env_steps_per_s"] == pytest.approx(TINY["batch"] / (r["ms"] / 1000))
     table = core_step.format_acting(rows).splitlines()
     assert len(table) == len(rows) + 1 and "ms/step" in table[0]
+
+
+def test_acting_work_counts_the_lstm_products_and_the_attention():
+    """The LSTM's step does ``2 B (4H in + 4H H)`` per layer (``aten.mkldnn_rnn_layer``, which torch does not
+    count); an attention core's count includes the CPU attention kernel's scores and weighted sum."""
+    dim, batch = TINY["dim"], TINY["batch"]
+    lstm = core_step.build(core_step.select_cores(None)[0], dim, 2, 2)
+    state = core_step.steady_state(lstm, batch, dim, 8, torch.Generator().manual_seed(0))
+    inputs = torch.randn(3, batch, 1, dim)
+    flops, operations = core_step.acting_work(lstm, state, inputs)
+    assert flops == 2 * 2 * batch * (4 * dim * dim + 4 * dim * dim) and operations >= 1
+    xl = core_step.build(core_step.Core("transformer-xl", "", {"memory_mode": "sliding", "mem_len": 8}), dim, 1, 2)
+    state = core_step.steady_state(xl, batch, dim, 16, torch.Generator().manual_seed(0))
+    core_step.acting_work(xl, state, inputs)  # W_kr R is projected once, then kept
+    with_attention, _ = core_step.acting_work(xl, state, inputs)
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    without, _ = core_step.acting_work(xl, state, inputs, {op: f for op, f in core_step.EXTRA_FLOPS.items()
+                                                           if op is not attention})
+    # one query over 9 keys (8 remembered and its own), per head: 2 products of head_dim, twice
+    assert with_attention - without == 2 * 2 * batch * 9 * dim
 
 
 def test_compiled_rows_follow_their_eager_rows_with_the_outputs_compared(monkeypatch):

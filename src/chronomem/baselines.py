@@ -51,7 +51,6 @@ from chronomem.layers import (
     RecurrentState,
     RelativeAttention,
     SelfAttentionBlock,
-    merge_masks,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
 )

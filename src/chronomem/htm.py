@@ -80,7 +80,10 @@ what each query may read (``chunks_to_read``); ``ops.htm_local`` numbers a call'
 (``Episodes``), lays out the local attention (in blocks of a window for a call longer than a window,
 ``LocalLayout``) and keeps the cache (``last_steps``). A one-step call without padding (an agent
 acting) skips that bookkeeping (``HTMTransformer._step``: its query reads every stored chunk, its local
-window is ``step_layout``'s); it is the same function, tested against the general path.
+window is ``step_layout``'s); it is the same function, tested against the general path. Each layer's
+local attention projects a call's context to keys and values once, and the state keeps those of its
+cache (``HTMTransformerState.keys_values``), so a call without gradients (acting) projects only its
+own steps, as Transformer-XL's sliding memory does.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ from chronomem.core import CausalCore
 from chronomem.layers import (
     FeedForward,
     MultiHeadAttention,
+    ParameterVersion,
     RecurrentState,
     RelativeAttention,
     sinusoid_encoding,
@@ -440,19 +444,33 @@ class HTMTransformerState(RecurrentState):
     """Per-layer memories (one shared memory with ``shared_memory``), per-layer local-attention
     caches ``[B, L, D]`` of the last ``L = window - 1 + extra_length`` layer inputs (zeros before the
     episode's first step; they carry the gradient until ``detach()``), and ``position [B]`` (steps
-    since the episode began)."""
+    since the episode began).
+
+    ``keys_values`` (one ``[B, L, 2 D]`` per layer) holds the local attention's keys and values of each
+    cache (``W_kv LN(cache)``, detached; zeros before the episode's first step), and ``kv_version [B]``
+    the number of the parameter values they were computed with (``layers.ParameterVersion``; 0 for a
+    row with no step of its episode yet). A call without gradients reads them instead of projecting
+    the cache again when every row's number is the module's present one; a call with gradients (the
+    gradient flows through ``W_kv LN(cache)`` into the parameters and the cache), or after the
+    parameters changed, projects the cache. Same numbers either way. None (a state built by hand):
+    projected."""
 
     memories: tuple
     caches: tuple
     position: Tensor
+    keys_values: tuple | None = None
+    kv_version: Tensor | None = None
 
     def reset(self, done: Tensor) -> HTMTransformerState:
         check_ended_rows(done, self.position.shape[0])
         keep = (~done).view(-1, 1, 1)
+        cached = self.keys_values is not None
         return HTMTransformerState(
             memories=tuple(m.reset(done) for m in self.memories),
             caches=tuple(torch.where(keep, c, 0.0) for c in self.caches),  # select, never multiply
             position=torch.where(done, 0, self.position),
+            keys_values=tuple(torch.where(keep, kv, 0.0) for kv in self.keys_values) if cached else None,
+            kv_version=torch.where(done, 0, self.kv_version) if cached else None,
         )
 
 
@@ -479,15 +497,25 @@ class HTMLayer(nn.Module):
         self.norm_ff = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, cfg.ff_mult, cfg.dropout)
 
-    def forward(self, x: Tensor, context: Tensor, local: LocalLayout, chunks: ReadChunks) -> Tensor:
-        """``x [B, N, D]``; ``context [B, L + N, D]`` = cache then x; ``local`` the blocks of the local
-        attention; ``chunks`` what the HTM block reads (stored and new chunks, per-query mask)."""
-        normed = self.norm_local(context)  # LN is per step: LN([cache; x]) = [LN(cache); LN(x)]
-        x = x + local.attend(self.local, normed, x.shape[1])  # causal local self-attention
+    def forward(self, x: Tensor, context: Tensor, local: LocalLayout, chunks: ReadChunks,
+                cache_kv: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``x [B, n, D]`` (the call's last n steps); ``context [B, L + N, D]`` = cache then the call's
+        steps; ``local`` the blocks of the local attention; ``chunks`` what the HTM block reads (stored and
+        new chunks, per-query mask); ``cache_kv [B, L, 2 D]`` the local attention's keys and values of the
+        cache, if cached (then only the call's steps are projected). Returns the output and the keys and
+        values of the whole context, ``[B, L + N, 2 D]``."""
+        if cache_kv is None:
+            normed = self.norm_local(context)  # LN is per step: LN([cache; x]) = [LN(cache); LN(x)]
+            keys_values = self.local.keys_values(normed)
+        else:
+            normed = self.norm_local(context[:, cache_kv.shape[1] :])
+            keys_values = torch.cat([cache_kv.to(normed.dtype), self.local.keys_values(normed)], 1)
+        queries = normed[:, normed.shape[1] - x.shape[1] :]  # the steps this call computes
+        x = x + local.attend(self.local, queries, keys_values)  # causal local self-attention
         read = self.memory.read(self.norm_memory(x), chunks.keys, chunks.contents, chunks.slot_valid, chunks.valid,
                                 chunks.mask)
         x = x + read  # HTM block: x + sum_i R_i MHA(LN(x), C_i)
-        return x + self.ff(self.norm_ff(x))
+        return x + self.ff(self.norm_ff(x)), keys_values
 
 
 class HTMTransformer(CausalCore):
@@ -528,6 +556,7 @@ class HTMTransformer(CausalCore):
         self.dim = self.out_dim = cfg.dim
         self.cache_length = cfg.window - 1 + cfg.extra_length
         self.layers = nn.ModuleList(HTMLayer(cfg) for _ in range(cfg.depth))
+        self._kv_parameters = ParameterVersion()  # names the values the local keys and values were cached with
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> HTMTransformerState:
         """The empty state; ``dtype`` defaults to the parameters' dtype."""
@@ -541,7 +570,36 @@ class HTMTransformer(CausalCore):
         )
         caches = tuple(torch.zeros(batch_size, self.cache_length, cfg.dim, device=device, dtype=dtype)
                        for _ in range(cfg.depth))
-        return HTMTransformerState(memories, caches, torch.zeros(batch_size, dtype=torch.long, device=device))
+        keys_values = tuple(torch.zeros(batch_size, self.cache_length, 2 * cfg.dim, device=device, dtype=dtype)
+                            for _ in range(cfg.depth))
+        position = torch.zeros(batch_size, dtype=torch.long, device=device)
+        return HTMTransformerState(memories, caches, position, keys_values, torch.zeros_like(position))
+
+    def _parameter_version(self) -> int:
+        """The number naming the present values of the parameters the local keys and values depend on
+        (each layer's ``norm_local`` and key-value projection; ``layers.ParameterVersion``)."""
+        projections = (layer.local.attn.to_kv if isinstance(layer.local, RelativeAttention) else layer.local.to_kv
+                       for layer in self.layers)
+        norms = (layer.norm_local for layer in self.layers)
+        return self._kv_parameters(p for m in (*norms, *projections) for p in m.parameters())
+
+    def _cached_kv(self, state: HTMTransformerState, version: int) -> tuple | None:
+        """The state's local keys and values if a call may read them: without gradients, and every row's
+        computed with the present parameters (or holding no step of its episode yet)."""
+        if state.keys_values is None or torch.is_grad_enabled():
+            return None
+        if not bool(((state.kv_version == version) | (state.position == 0)).all()):
+            return None
+        return state.keys_values
+
+    def _kept_kv(self, keys_values: list[Tensor], position: Tensor, version: int) -> tuple[tuple, Tensor]:
+        """The state's ``keys_values`` and ``kv_version`` from each layer's keys and values of the cache it
+        leaves (``[B, L, 2 D]``; the running episode's steps are the last ``position`` slots): detached,
+        zeros at the slots before the episode, as ``reset`` leaves them."""
+        L = self.cache_length
+        episode = (torch.arange(L, device=position.device)[None, :] >= L - position[:, None])[..., None]
+        kept = tuple(torch.where(episode, kv.detach(), 0.0) for kv in keys_values)
+        return kept, torch.where(position > 0, version, 0)
 
     def _store_and_read(self, memory: HierarchicalMemory, x: Tensor, lengths: Tensor, episodes: Episodes | None):
         """Build the chunks this call commits once; return the memory after storing them (what
@@ -571,7 +629,9 @@ class HTMTransformer(CausalCore):
         if start and mask is not None and not bool(mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
         window = dict(window=cfg.window, extra_length=cfg.extra_length)
-        memories, caches = [], []
+        version = self._parameter_version()
+        cached = self._cached_kv(state, version)
+        memories, caches, keys_values = [], [], []
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs
             stored, shared = self._store_and_read(state.memories[0], x, lengths, episodes)
             memories.append(stored)
@@ -590,16 +650,19 @@ class HTMTransformer(CausalCore):
                 stored, chunks = self._store_and_read(state.memories[i], x, lengths, episodes)
                 memories.append(stored)
             caches.append(last_steps(context, lengths + L, L))
+            cache_kv = None if cached is None else cached[i]
             if start and not tail_everywhere and i == len(self.layers) - 1:  # the last layer: the tail only
                 tail = local_layout(state.position + start, lengths - start, N - start, cache=L + start, **window,
                                     episodes=episodes)
-                x = layer(x[:, start:], context, tail, chunks.tail(N - start))
+                x, context_kv = layer(x[:, start:], context, tail, chunks.tail(N - start), cache_kv)
             else:
-                x = layer(x, context, local, chunks)
+                x, context_kv = layer(x, context, local, chunks, cache_kv)
+            keys_values.append(last_steps(context_kv, lengths + L, L))
         position = state.position + lengths
         if episodes is not None:  # after an episode end the row continues from the initial state
             position, caches = episodes.after(state.position, lengths, caches)
-        new_state = HTMTransformerState(tuple(memories), tuple(caches), position)
+        new_state = HTMTransformerState(tuple(memories), tuple(caches), position,
+                                        *self._kept_kv(keys_values, position, version))
         if start:
             x = torch.cat([x.new_zeros(B, start, x.shape[-1]), x], 1)
         if mask is not None:
@@ -616,7 +679,9 @@ class HTMTransformer(CausalCore):
         cfg = self.config
         one = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
         local = step_layout(state.position, window=cfg.window, extra_length=cfg.extra_length, cache=self.cache_length)
-        memories, caches = [], []
+        version = self._parameter_version()
+        cached = self._cached_kv(state, version)
+        memories, caches, keys_values = [], [], []
         for i, layer in enumerate(self.layers):
             memory = state.memories[0 if cfg.shared_memory else i]
             if i == 0 or not cfg.shared_memory:  # each layer stores its input (shared: the model's input)
@@ -624,8 +689,14 @@ class HTMTransformer(CausalCore):
             chunks = ReadChunks(memory.keys, memory.contents, memory.slot_valid, memory.valid, None)
             context = torch.cat([state.caches[i].to(x.dtype), x], 1)
             caches.append(context[:, 1:])
-            x = layer(x, context, local, chunks)
-        return x, HTMTransformerState(tuple(memories), tuple(caches), state.position + 1)
+            x, context_kv = layer(x, context, local, chunks, None if cached is None else cached[i])
+            keys_values.append(context_kv[:, 1:])
+        position = state.position + 1
+        if cached is not None:  # the cached slots before the episode are zeros already; the step is real
+            return x, HTMTransformerState(tuple(memories), tuple(caches), position, tuple(keys_values),
+                                          torch.full_like(position, version))
+        return x, HTMTransformerState(tuple(memories), tuple(caches), position,
+                                      *self._kept_kv(keys_values, position, version))
 
 
 @register_model("htm")

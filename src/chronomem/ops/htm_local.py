@@ -157,17 +157,20 @@ class LocalLayout:
     keys: Tensor
     mask: Tensor
 
-    def attend(self, attention, context: Tensor, n: int) -> Tensor:
-        """``attention(queries, keys, attn_mask=)`` (causality in the mask) of the ``n`` queries over the
-        normed ``context [B, L + n, D]``, block by block -> ``[B, n, D]``."""
-        B, _, D = context.shape
+    def attend(self, attention, queries: Tensor, keys_values: Tensor) -> Tensor:
+        """``attention.forward_projected(queries, keys_values, attn_mask=)`` (causality in the mask) of the
+        call's ``n`` normed steps ``queries [B, n, D]`` over the keys and values of the context
+        (``attention.keys_values`` of the normed context, ``[B, L + n, 2 D]``: projected once per call or
+        cached, never per block), block by block -> ``[B, n, D]``."""
+        B, n, D = queries.shape
         G, Wq = self.queries.shape
         if G == 1:  # one block: every context step is a key, the last Wq are the queries
-            queries, keys = context[:, -Wq:], context
-        else:  # each block's queries are its last keys, consecutive steps
-            queries = context[:, self.queries.flatten()].view(B * G, Wq, D)
-            keys = context[:, self.keys.flatten()].view(B * G, -1, D)
-        read = attention(queries, keys, attn_mask=self.mask.flatten(0, 1)[:, None])  # [B * G, Wq, D]
+            queries = queries[:, n - Wq :]
+        else:  # each block's queries are its last keys, consecutive steps (context index - L: call index)
+            cache = keys_values.shape[1] - n
+            queries = queries[:, self.queries.flatten() - cache].view(B * G, Wq, D)
+            keys_values = keys_values[:, self.keys.flatten()].view(B * G, -1, keys_values.shape[-1])
+        read = attention.forward_projected(queries, keys_values, attn_mask=self.mask.flatten(0, 1)[:, None])
         return read.view(B, G * Wq, D)[:, self.offset : self.offset + n]
 
 
