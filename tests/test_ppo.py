@@ -19,7 +19,9 @@ from chronomem.rl.ppo import (
     collect,
     differentiable_on_cudnn,
     gae,
+    learn,
     make_agent,
+    make_optimizer,
     obs_map,
     replay,
     replay_windows,
@@ -90,6 +92,28 @@ def test_replay_recomputes_the_acting_log_probabilities_and_values(core):
             torch.testing.assert_close(logprobs, rollout.logprobs[rows], atol=1e-5, rtol=0)
             torch.testing.assert_close(values, rollout.values[rows], atol=1e-5, rtol=0)
             assert (entropy > 0).all()
+
+
+@pytest.mark.parametrize("core", registry_cores())
+def test_after_an_update_acting_still_computes_what_the_learner_replays(core):
+    """An update with PPO's own optimiser (fused Adam, which bumps no version counter) between two
+    rollouts, the acting state carried across it: the second rollout's acting log-probabilities and
+    values equal the replay's, so nothing a core keeps in its state or module (Transformer-XL's memory
+    keys, HTM's local keys and values, ``W_kr R``) outlives the parameters it was computed with."""
+    agent, envs = agent_and_envs(core)
+    args = tiny_args(core, lr=0.05, update_epochs=2)
+    obs, _ = envs.reset(seed=[21, 22, 23, 24])
+    state = agent.initial_state(4)
+    rollout, obs, state = collect(agent, envs, obs, state, 12)
+    before = [p.detach().clone() for p in agent.parameters()]
+    learn(agent, make_optimizer(agent, args, torch.device("cpu")), rollout, *gae(rollout, args.gamma, args.gae_lambda),
+          args)
+    assert max((p - b).abs().max() for p, b in zip(agent.parameters(), before, strict=True)) > 1e-3
+    rollout, _, _ = collect(agent, envs, obs, state, 12)
+    envs.close()
+    logprobs, _, values, _ = replay(agent, rollout, torch.arange(4))  # with gradients, as the learner does
+    torch.testing.assert_close(logprobs.detach(), rollout.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(values.detach(), rollout.values, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("core", ["lstm", "transformer-xl", "tlb", "htm", "relevance-lstm", "mem-lstm"])

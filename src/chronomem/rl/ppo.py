@@ -115,6 +115,15 @@ def make_agent(args: Args, core_options: dict[str, Any], observation_space, acti
                        reconstruct_every=args.reconstruct_every, value_heads=2 if args.reward_part else 1)
 
 
+def make_optimizer(agent: nn.Module, args: Args, device: torch.device) -> torch.optim.Optimizer:
+    """Adam with ``args.lr`` and ``args.adam_eps``, fused: every parameter updated in one kernel (CPU and
+    CUDA), where torch's default on a CPU is a loop over the tensors, and a small agent's step is mostly
+    that loop's per-tensor overhead. (The fused kernel bumps no version counter: a cache a core keeps
+    across updates compares parameter values, ``layers.ParameterVersion``.)"""
+    kernel = {"fused": True} if device.type in ("cpu", "cuda") else {"foreach": True}
+    return torch.optim.Adam(agent.parameters(), lr=args.lr, eps=args.adam_eps, **kernel)
+
+
 def check_agent_core(core: torch.nn.Module, name: str, dim: int) -> None:
     """A ValueError naming ``name`` unless ``core`` carries a state and takes ``done`` inside a call."""
     state = core.init_state(1)
@@ -554,10 +563,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
     num_updates = math.ceil(args.total_frames / frames_per_update)
     try:
         agent = make_agent(args, core_options, envs.single_observation_space, envs.single_action_space).to(device)
-        # fused: Adam's update of every parameter in one kernel (CPU and CUDA), where torch's default on a
-        # CPU is a loop over the tensors: a small agent's step is mostly that loop's per-tensor overhead
-        kernel = {"fused": True} if device.type in ("cpu", "cuda") else {"foreach": True}
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=args.adam_eps, **kernel)
+        optimizer = make_optimizer(agent, args, device)
         broadcast_weights(agent, ctx)
         frames, seconds_before = 0, 0.0
         run_dir = Path(args.out) if args.out and ctx.is_main else None
