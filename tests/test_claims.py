@@ -167,6 +167,12 @@ def test_the_page_opens_with_each_claims_verdicts_counted_and_unlearned_controls
                             "results": {"a": {"x": 1.0}}, "claims": [],
                             "control": {"learned": {"a": [True, False]}, "per_seed": {"a": [1.0, 0.2]},
                                         "task": "t", "frames": 10, "threshold": ">= 0.9", "metric": "return"}})
+    rl_claims = [dataclasses.asdict(Claim("D beats M", "d", "m")), dataclasses.asdict(Claim("E beats M", "e", "m"))]
+    write(tmp_path / "rl2", {"experiment": "fake-rl2", "scale": "quick", "config": {}, "claims": rl_claims,
+                             "results": {"d": {"x": 0.9}, "e": {"x": 0.8}, "m": {"x": 0.1}},
+                             "control": {"learned": {"d": [True, True], "e": [True, False], "m": [True, True]},
+                                         "per_seed": {"d": [1.0, 1.0], "e": [1.0, 0.2], "m": [1.0, 1.0]},
+                                         "task": "t", "frames": 10, "threshold": ">= 0.9", "metric": "return"}})
     page = results_page([tmp_path])
     glance = page[page.index("## At a glance"):page.index("## fake — `quick`")]
     assert "| [fake](#fake--quick) | `quick` | A beats B | holds (1 of 2); " \
@@ -174,6 +180,10 @@ def test_the_page_opens_with_each_claims_verdicts_counted_and_unlearned_controls
     assert "| [fake](#fake--quick) | `quick` | A beats C | not measured |" in glance  # no c at all
     assert "| [fake-rl](#fake-rl--quick) | `quick` | no claim judged | control not learned by `a` |" in glance
     assert glance.index("[fake]") < glance.index("[fake-rl]")
+    # only a claim about the model whose control was missed is flagged
+    assert "| [fake-rl2](#fake-rl2--quick) | `quick` | D beats M | holds in the mean (one seed) (1 of 1) |" in glance
+    assert ("| [fake-rl2](#fake-rl2--quick) | `quick` | E beats M | control not learned by `e`: "
+            "holds in the mean (one seed) (1 of 1) |") in glance
 
 
 def test_runs_of_one_seed_each_are_judged_over_their_seeds(tmp_path):

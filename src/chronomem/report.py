@@ -722,20 +722,24 @@ def verdict_counts(runs: list[dict[str, Any]]) -> list[tuple[Claim, dict[str, in
 
 def glance_rows(runs: list[dict[str, Any]]) -> list[str]:
     """The rows of one section in the page's summary: per claim, its verdicts counted over the settings;
-    an RL run whose control some seed did not learn says so instead of judging memory."""
+    a claim about a model whose RL control some seed did not learn names it before the verdicts."""
     first = runs[0]
     name = f"[{first['experiment']}](#{anchor(first)})"
-    unlearned = [m for run in runs for m, seeds in ((run.get("control") or {}).get("learned") or {}).items()
-                 if not all(seeds)]
-    warning = f"control not learned by {', '.join(f'`{m}`' for m in dict.fromkeys(unlearned))}" if unlearned else ""
-    prefix = f"{warning}: " if warning else ""
+    unlearned = list(dict.fromkeys(m for run in runs for m, seeds in ((run.get("control") or {}).get("learned")
+                                                                     or {}).items() if not all(seeds)))
+
+    def warning(models) -> str:
+        named = [m for m in unlearned if m in models]
+        return f"control not learned by {', '.join(f'`{m}`' for m in named)}" if named else ""
+
     counted = verdict_counts(runs)
     if not counted:
-        return [f"| {name} | `{first['scale']}` | no claim judged | {warning or '—'} |"]
+        return [f"| {name} | `{first['scale']}` | no claim judged | {warning(unlearned) or '—'} |"]
     rows = []
     for claim, counts in counted:
         shown = "; ".join(f"{v} ({n} of {sum(counts.values())})" for v, n in counts.items()) or "not measured"
-        rows.append(f"| {name} | `{first['scale']}` | {claim.text} | {prefix}{shown} |")
+        flag = warning((claim.better, claim.worse))
+        rows.append(f"| {name} | `{first['scale']}` | {claim.text} | {flag + ': ' if flag else ''}{shown} |")
     return rows
 
 
