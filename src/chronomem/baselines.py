@@ -606,7 +606,7 @@ class TransformerXL(CausalCore):
         """The number naming the current values of the parameters the memory's keys and values depend on
         (each layer's ``norm_attn`` and ``to_kv``; ``layers.ParameterVersion``)."""
         return self._kv_parameters(
-            p for layer in self.layers for m in (layer.norm_attn, layer.attn.attn.to_kv) for p in m.parameters())
+            p for layer in self.layers for m in (layer.norm_attn, layer.attn.kv_projection) for p in m.parameters())
 
     def check_state(self, state, batch: int) -> XLState:
         if not isinstance(state, XLState):

@@ -578,10 +578,8 @@ class HTMTransformer(CausalCore):
     def _parameter_version(self) -> int:
         """The number naming the present values of the parameters the local keys and values depend on
         (each layer's ``norm_local`` and key-value projection; ``layers.ParameterVersion``)."""
-        projections = (layer.local.attn.to_kv if isinstance(layer.local, RelativeAttention) else layer.local.to_kv
-                       for layer in self.layers)
-        norms = (layer.norm_local for layer in self.layers)
-        return self._kv_parameters(p for m in (*norms, *projections) for p in m.parameters())
+        return self._kv_parameters(
+            p for layer in self.layers for m in (layer.norm_local, layer.local.kv_projection) for p in m.parameters())
 
     def _cached_kv(self, state: HTMTransformerState, version: int) -> tuple | None:
         """The state's local keys and values if a call may read them: without gradients, and every row's

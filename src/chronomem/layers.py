@@ -193,6 +193,11 @@ class MultiHeadAttention(nn.Module):
         """The projected keys and values ``forward_projected`` reads: ``to_kv(key_value)``, ``[..., Nk, 2 qkv_dim]``."""
         return self.to_kv(key_value)
 
+    @property
+    def kv_projection(self) -> nn.Linear:
+        """The layer ``keys_values`` applies: what a cache of its output depends on."""
+        return self.to_kv
+
     def split_kv(self, keys_values: Tensor) -> tuple[Tensor, Tensor]:
         """Projected keys and values (``to_kv``'s output, ``[..., Nk, 2 qkv_dim]``, e.g. from a cache)
         to heads: ``2 x [..., H, Nk, Dh]``."""
@@ -385,6 +390,11 @@ class RelativeAttention(nn.Module):
     def keys_values(self, key_value: Tensor) -> Tensor:
         """The projected keys and values ``forward_projected`` reads: ``attn.to_kv(key_value)``, ``[B, Nk, 2 D]``."""
         return self.attn.to_kv(key_value)
+
+    @property
+    def kv_projection(self) -> nn.Linear:
+        """The layer ``keys_values`` applies: what a cache of its output depends on."""
+        return self.attn.to_kv
 
     def forward_projected(
         self,
