@@ -156,6 +156,25 @@ def test_a_section_shows_the_seeds_their_interval_chance_and_the_claims(tmp_path
     assert "  - x: b 51.0 [48.5, 53.5] vs c 55.0 [30.2, 79.8]: **does not hold**" in page
 
 
+def test_runs_joined_in_one_table_are_judged_on_every_claim_any_of_them_declares(tmp_path):
+    """A later run of another model, made after a claim about it was added, shares the older run's table:
+    its claim is judged there whichever run the page reads first."""
+    old = [dataclasses.asdict(Claim("A beats B", "a", "b"))]
+    new = [*old, dataclasses.asdict(Claim("C beats B", "c", "b"))]
+    common = {"experiment": "fake", "scale": "quick", "config": {"scale": {"seeds": 3}}, "chance": None}
+    write(tmp_path / "a-later", {**common, "results": {"c": {"x": 70.0}}, "per_seed": {"c": {"x": [69.0, 70.0, 71.0]}},
+                                 "claims": new})
+    write(tmp_path / "b-older", {**common, "results": {"a": {"x": 81.0}, "b": {"x": 51.0}},
+                                 "per_seed": {"a": {"x": [80.0, 81.0, 82.0]}, "b": {"x": [50.0, 51.0, 52.0]}},
+                                 "claims": old})
+    for first in ("a-later", "b-older"):  # the page reads the runs in the order of their paths
+        (tmp_path / first).rename(tmp_path / f"0-{first}")
+        page = results_page([tmp_path])
+        assert page.count("- A beats B (`a` above `b`):") == 1 and page.count("- C beats B (`c` above `b`):") == 1
+        assert "  - x: c 70.0 [67.5, 72.5] vs b 51.0 [48.5, 53.5]: **holds**" in page
+        (tmp_path / f"0-{first}").rename(tmp_path / first)
+
+
 def test_the_page_opens_with_each_claims_verdicts_counted_and_unlearned_controls_named(tmp_path):
     claims = [dataclasses.asdict(Claim("A beats B", "a", "b")), dataclasses.asdict(Claim("A beats C", "a", "c"))]
     write(tmp_path / "run", {

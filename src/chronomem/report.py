@@ -464,6 +464,12 @@ def declared_claims(run: dict[str, Any]) -> tuple[Claim, ...]:
     return tuple(Claim.from_json(c) for c in run.get("claims") or ())
 
 
+def merged_claims(runs: list[dict[str, Any]]) -> tuple[Claim, ...]:
+    """The claims of runs joined in one table, each once, in the order the runs first declare them: a run
+    made after a claim was added declares it, an older one beside it does not."""
+    return tuple(dict.fromkeys(claim for run in runs for claim in declared_claims(run)))
+
+
 def resolve_chance(experiment, results: dict[str, Any]):
     """``experiment.chance`` for ``results``: a number, ``{setting: number}``, or what a callable (a level
     measured by the run, e.g. a random policy's return in ``extra``) returns for them; None if none."""
@@ -546,7 +552,7 @@ def claim_cells(runs: list[dict[str, Any]], claims: tuple[Claim, ...]) -> dict[s
 def claims_markdown(runs: list[dict[str, Any]]) -> list[str]:
     """The "Claims" list under a table: each claim of the runs' experiment, per setting the two means
     (with their 95% intervals where there are seeds) and the verdict."""
-    claims = declared_claims(runs[0])
+    claims = merged_claims(runs)
     if not claims:
         return []
     cells = claim_cells(runs, claims)
@@ -711,7 +717,7 @@ def _budget_heading(results: dict) -> str:
 def verdict_counts(runs: list[dict[str, Any]]) -> list[tuple[Claim, dict[str, int]]]:
     """Each claim of the runs' experiment with how many of its settings got each verdict (as
     ``claims_markdown`` judges them), in the order the verdicts are listed (``VERDICTS``)."""
-    claims = declared_claims(runs[0])
+    claims = merged_claims(runs)
     cells = claim_cells(runs, claims)
     counts = []
     for claim in claims:

@@ -329,6 +329,7 @@ VISUAL_MATCH = register_experiment(
         claims=(Claim("HTM remembers the colour across the distractor phase; the memoryless agent does not",
                       "htm", "mlp"),
                 Claim("The LSTM remembers the colour; the memoryless agent does not", "lstm", "mlp"),
+                Claim("Transformer-XL remembers the colour; the memoryless agent does not", "transformer-xl", "mlp"),
                 Claim("HTM above the LSTM at the longest distractor", "htm", "lstm",
                       settings=("d30", "d500"))),  # quick's longest, paper's
     )
