@@ -20,15 +20,16 @@ import torch
 
 
 @contextlib.contextmanager
-def recorded_reads(norms: list[float]):
-    """Within the block, every ``HTMAttention.read`` appends the mean norm per step of its output."""
+def recorded_reads(record):
+    """Within the block, every ``HTMAttention.read`` calls ``record(module, inputs, output)`` after reading
+    (``inputs``: its positional arguments after ``self``); the method is restored on the way out."""
     from chronomem.htm import HTMAttention
 
     original = HTMAttention.read
 
-    def read(self, queries, *args, **kwargs):
-        out = original(self, queries, *args, **kwargs)
-        norms.append(out.norm(dim=-1).mean().item())
+    def read(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        record(self, args, out)
         return out
 
     HTMAttention.read = read
@@ -58,7 +59,11 @@ def main(argv=None) -> None:
             core = build_htm(args.dim, 1, 4, chunk_size=16, top_k=4, memory_size=24, window=16,
                              memory_gradient=True, init_scale=init_scale)
             x = torch.randn(args.batch, args.steps, args.dim)
-            with torch.no_grad(), recorded_reads(reads):
+
+            def norm(module, inputs, out, reads=reads):  # the mean norm per step of each read
+                reads.append(out.norm(dim=-1).mean().item())
+
+            with torch.no_grad(), recorded_reads(norm):
                 y, _ = core(x)
             inputs.append(x.norm(dim=-1).mean().item())
             updates.append((y - x).norm(dim=-1).mean().item())

@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import math
+import sys
 from dataclasses import replace
+from pathlib import Path
 from statistics import fmean
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling script, also when loaded as a module
+from htm_read_scale import recorded_reads as reads_recorded  # noqa: E402
 
 
 def episodes(distractor: int, count: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -60,23 +64,15 @@ def episodes(distractor: int, count: int) -> list[tuple[np.ndarray, np.ndarray, 
     return pairs
 
 
-@contextlib.contextmanager
 def recorded_reads(seen: dict):
-    """Within the block, each ``HTMAttention.read`` leaves its inputs and output in ``seen``."""
-    from chronomem.htm import HTMAttention
+    """Within the block, each ``HTMAttention.read`` leaves its inputs and output in ``seen``
+    (``htm_read_scale.recorded_reads``)."""
 
-    original = HTMAttention.read
+    def keep(module, inputs, out):
+        queries, keys, _, _, valid, *mask = inputs
+        seen.update(module=module, queries=queries, keys=keys, valid=valid, mask=mask[0] if mask else None, out=out)
 
-    def read(self, queries, keys, contents, slot_valid, valid, mask=None):
-        out = original(self, queries, keys, contents, slot_valid, valid, mask)
-        seen.update(module=self, queries=queries, keys=keys, valid=valid, mask=mask, out=out)
-        return out
-
-    HTMAttention.read = read
-    try:
-        yield
-    finally:
-        HTMAttention.read = original
+    return reads_recorded(keep)
 
 
 def chunk_weights(seen: dict, step: int) -> list[float]:
