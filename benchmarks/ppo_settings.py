@@ -56,6 +56,9 @@ class Control:
 
 
 BALLET_QUICK = {**STARTER, "timeout": "failure", "reconstruction": 0.0}  # ballet-rl quick's settings
+# benchmarks/ppo_peer.py's settings for our side (torch-ac's, as ours reads them) and its fastest variant
+PEER = dict(num_envs=16, num_steps=128, num_minibatches=8, update_epochs=4, lr=1e-3, anneal_lr=False, ent_coef=0.01)
+PEER_WINDOWS = {**PEER, "recurrence": 4, "minibatch": "windows"}
 
 
 def _ballet_grid() -> dict:
@@ -134,6 +137,21 @@ CONTROLS = {
               "16x128 lr 3e-4": {**STARTER, "lr": 3e-4},
               "64x128": {**STARTER, "num_envs": 64}},
         stop_return=0.9, max_frames=400_000, about="MiniGrid-DoorKey-5x5 (fully solvable without memory)"),
+    "doorkey-peer": Control(
+        env="MiniGrid-DoorKey-5x5-v0", agent=dict(core="lstm", dim=64, hidden=64),
+        grid={"peer (16x128)": PEER,
+              "peer, windows of 4": PEER_WINDOWS,
+              "peer, windows of 4, Adam eps 1e-8": {**PEER_WINDOWS, "adam_eps": 1e-8},
+              "peer, windows of 4, lr 2e-3": {**PEER_WINDOWS, "lr": 2e-3},
+              "peer, windows of 4, 3 epochs": {**PEER_WINDOWS, "update_epochs": 3},
+              "peer, windows of 4, 16x64": {**PEER_WINDOWS, "num_steps": 64, "num_minibatches": 4},
+              "peer, windows of 4, 8x128": {**PEER_WINDOWS, "num_envs": 8, "num_minibatches": 4},
+              "peer, windows of 4, minibatches of 512": {**PEER_WINDOWS, "num_minibatches": 4},
+              "peer, windows of 4, value not clipped": {**PEER_WINDOWS, "clip_vloss": False},
+              "peer, windows of 4, 2 epochs, lr 2e-3": {**PEER_WINDOWS, "update_epochs": 2, "lr": 2e-3}},
+        stop_return=0.9, max_frames=300_000,
+        about="MiniGrid-DoorKey-5x5 from benchmarks/ppo_peer.py's settings (torch-ac's), varied one at a time "
+              "for the time to mean return 0.9 (issue 53)"),
 }
 
 

@@ -16,6 +16,10 @@ acting feeds ``N = 1``; a learner replays ``N = T`` steps), and returns ``[B, N,
   agent faces gets an embedding too. Image, direction and mission features are concatenated and
   projected to ``dim``.
 
+  The embeddings and the first convolution run as one function of the ids (``chronomem.ops.embed_conv``,
+  ``cell_impl``: folded into one convolution of the one-hot ids for a learner's replay, the same values
+  and gradients up to summation order).
+
   Deviations from rl-starter-files: embeddings of the cell indices in place of the raw integers as
   conv channels; a bag of words in place of its GRU over the mission; the direction (which it drops).
 
@@ -78,6 +82,7 @@ from torch import Tensor, nn
 from chronomem.checks import check_positive, check_tensor, parameter_dtype
 from chronomem.layers import sinusoid_from_positions
 from chronomem.ops.cell_map import cell_map, check_cell_impl
+from chronomem.ops.embed_conv import embed_conv
 
 # Sizes of MiniGrid's index tables (minigrid.core.constants: OBJECT_TO_IDX, COLOR_TO_IDX, STATE_TO_IDX),
 # written here so that an encoder needs no MiniGrid install; tests/test_encoders.py checks them.
@@ -197,12 +202,15 @@ class MiniGridEncoder(nn.Module):
     """MiniGrid's symbolic observation -> ``[B, N, dim]`` (module docstring).
 
     ``view``: the side of the agent's view (7, MiniGrid's default); ``vocab_size`` and ``max_words``:
-    the mission's token ids (``chronomem.envs.minigrid``); ``mission=False`` ignores the mission.
+    the mission's token ids (``chronomem.envs.minigrid``); ``mission=False`` ignores the mission;
+    ``cell_impl``: how the cell embeddings and the first convolution are computed (``chronomem.ops.embed_conv``).
     """
 
     def __init__(self, dim: int, vocab_size: int, max_words: int, view: int = 7, embed_dim: int = 8,
-                 word_dim: int = 32, channels: tuple[int, int, int] = (16, 32, 64), mission: bool = True):
+                 word_dim: int = 32, channels: tuple[int, int, int] = (16, 32, 64), mission: bool = True,
+                 cell_impl: str = "auto"):
         super().__init__()
+        self.cell_impl = check_cell_impl(cell_impl)
         self.dim = check_positive(dim, "dim")
         self.view = check_positive(view, "view", minimum=4)  # the conv net needs 4x4 cells at least
         self.vocab_size = check_positive(vocab_size, "vocab_size")
@@ -231,9 +239,10 @@ class MiniGridEncoder(nn.Module):
         image = _check_ids(obs["image"], "obs['image']", (self.view, self.view, 3),
                            (NUM_OBJECTS, NUM_COLORS, NUM_STATES))  # (object, colour, state) per cell
         batch, steps = image.shape[:2]
-        cells = torch.cat([self.objects(image[..., 0]), self.colors(image[..., 1]), self.states(image[..., 2])],
-                          -1)  # [B, N, v, v, 3 * embed_dim]
-        grid = self.conv(cells.flatten(0, 1).permute(0, 3, 1, 2))  # [B * N, features]
+        first = self.conv[0]  # the cells' embeddings, concatenated, through the first convolution
+        grid = embed_conv(image.flatten(0, 1), [self.objects.weight, self.colors.weight, self.states.weight],
+                          first.weight, first.bias, impl=self.cell_impl)
+        grid = self.conv[1:](grid)  # [B * N, features]
         features = [grid.view(batch, steps, -1),
                     self.direction(_check_ids(obs["direction"], "obs['direction']", (), NUM_DIRECTIONS))]
         if self.mission:

@@ -5,7 +5,9 @@
   ``chronomem.envs`` registers every chronomem id (the cue-recall test env, the Ballet levels and the
   paper's level mixture, Visual Match and Key-to-Door), ``import popgym`` POPGym's environments (wrapped by
   ``chronomem.envs.wrappers.wrap_popgym``); an unknown id is a ValueError listing close matches. MiniGrid
-  and BabyAI environments get ``chronomem.envs.wrappers.MissionTokens``.
+  and BabyAI environments get ``chronomem.envs.wrappers.MissionTokens``, and their view computed by
+  ``chronomem.envs.wrappers.agent_view`` (``view="fast"``, the same observations, ~4x faster than
+  MiniGrid's; ``view="minigrid"`` keeps MiniGrid's own).
 * ``make_vector_env`` builds ``num_envs`` environments of one id as a vector env with
   ``autoreset_mode=SAME_STEP``: the step that ends an episode returns the *next* episode's first
   observation and the final one in ``info["final_obs"]``. (Gymnasium 1.x's default, NEXT_STEP,
@@ -31,7 +33,7 @@ import numpy as np
 
 from chronomem.envs.minigrid import MAX_WORDS, PAIRS
 from chronomem.envs.popgym import is_popgym, missing_hint
-from chronomem.envs.wrappers import MissionTokens, wrap_popgym
+from chronomem.envs.wrappers import VIEWS, MissionTokens, fast_view, wrap_popgym
 
 try:  # the optional extra ``chronomem[rl]``
     import gymnasium as gym
@@ -74,17 +76,23 @@ def check_env_id(env_id: str) -> str:
     return env_id
 
 
-def make_env(env_id: str, render_mode: str | None = None, max_words: int = MAX_WORDS, **options):
+def make_env(env_id: str, render_mode: str | None = None, max_words: int = MAX_WORDS, view: str = "fast",
+             **options):
     """One environment ``env_id`` (any Gymnasium id; ``options`` go to ``gym.make``). MiniGrid and BabyAI
-    environments get ``MissionTokens``, POPGym's ``wrap_popgym`` (its previous-action
-    protocol and flat observations); Ballet's observations are batchable as they are."""
+    environments get ``MissionTokens`` and, with ``view="fast"``, ``fast_view`` (``"minigrid"``: MiniGrid's
+    own view, the reference); POPGym's get ``wrap_popgym`` (its previous-action protocol and flat
+    observations); Ballet's observations are batchable as they are."""
     check_env_id(env_id)
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
     env = gym.make(env_id, **options) if render_mode is None else gym.make(env_id, render_mode=render_mode, **options)
     if is_popgym(env_id):
         return wrap_popgym(env)
     space = env.observation_space
     if isinstance(space, spaces.Dict) and "mission" in space.spaces and "image" in space.spaces:
         env = MissionTokens(env, max_words)
+        if view == "fast":
+            fast_view(env)
     return env
 
 
