@@ -181,3 +181,44 @@ def test_report_counts_long_lists_and_writes_short_ones():
     assert '"curve": "2000 entries (in results.json)"' in report
     assert '"last": [\n' in report and "128000" not in report and "127936" not in report
     assert len(results["extra"]["runs"][0]["curve"]) == 2000  # results.json keeps every point
+
+
+def visual_match_run(directory, models, seeds=3):
+    """A quick visual-match results.json of ``models`` (success per seed and a training curve each)."""
+    lengths = (5, 30)
+    per_seed = {m: {f"d{d}": [40.0 + i + d / 10 for i in range(seeds)] for d in lengths} for m in models}
+    curve = [[2048, 30.0], [4096, 50.0]]
+    extra = {"runs": {m: [{"distractor": d, "seed": i, "success_curve": curve} for d in lengths for i in range(seeds)]
+                      for m in models},
+             "control": {m: [{"seed": i, "success_curve": curve} for i in range(seeds)] for m in models},
+             "apples": {m: {f"d{d}": 3.0 for d in lengths} for m in models}}
+    config = {"scale": "quick", "distractors": list(lengths), "seeds": seeds, "game": "visual_match",
+              "models": list(models)}
+    return write_run(directory, experiment="visual-match", results={m: {k: sum(v) / seeds for k, v in cells.items()}
+                                                                   for m, cells in per_seed.items()},
+                     paper={"htm": {"d90": 97.0}}, per_seed=per_seed, extra=extra, config=config)
+
+
+def test_runs_of_other_models_join_into_one_figure(tmp_path):
+    """Two visual-match runs made apart (the main run's three models, then one more) join model by model
+    (results, per seed, the extra's curves, config's models), and ``write_figures`` draws the joined
+    figures in one folder per experiment and scale; a model in both runs, or other seeds, is refused."""
+    from chronomem.report import join_runs, load_results, write_figures
+
+    main = visual_match_run(tmp_path / "runs" / "main", ["mlp", "lstm", "htm"])
+    more = visual_match_run(tmp_path / "runs" / "more", ["transformer-xl"])
+    runs = [load_results(d / "results.json") for d in (main, more)]
+    joined = join_runs(runs)
+    assert list(joined["results"]) == joined["config"]["models"] == ["mlp", "lstm", "htm", "transformer-xl"]
+    assert set(joined["per_seed"]) == set(joined["extra"]["runs"]) == set(joined["extra"]["control"]) == set(
+        joined["results"])
+    assert joined["per_seed"]["transformer-xl"] == runs[1]["per_seed"]["transformer-xl"]
+    written = write_figures([tmp_path / "runs"], tmp_path / "figures")
+    folder = tmp_path / "figures" / "visual-match-quick"
+    assert sorted(written) == [folder / "learning_curves.png", folder / "success_by_distractor.png"]
+    assert all(path.stat().st_size > 1000 for path in written)
+    with pytest.raises(ValueError, match="more than one run"):
+        join_runs([runs[0], runs[0]])
+    other = load_results(visual_match_run(tmp_path / "other", ["transformer-xl"], seeds=2) / "results.json")
+    with pytest.raises(ValueError, match="must share the seeds and settings"):
+        join_runs([runs[0], other])

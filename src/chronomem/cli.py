@@ -258,7 +258,7 @@ def write_output(path: str | Path, text: str, flag: str = "--out") -> Path:
 
 
 def cmd_report(args) -> int:
-    from chronomem.report import results_page
+    from chronomem.report import results_page, write_figures
 
     try:
         page = results_page(args.paths, **({} if args.title is None else {"title": args.title}))
@@ -268,6 +268,9 @@ def cmd_report(args) -> int:
         sys.stdout.write(page)
     else:
         print(f"wrote {write_output(args.out, page)}", file=sys.stderr)
+    if args.figures is not None:
+        for path in write_figures(args.paths, args.figures):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -430,6 +433,8 @@ def make_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH", help="a results.json or a directory searched for them")
     p.add_argument("--title", default=None, help="the page's title (default: Measured results)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (atomically), not stdout")
+    p.add_argument("--figures", default=None, metavar="DIR", help="also draw each experiment's figures of all its "
+                   "runs joined (one figure of every model), in DIR/<experiment>-<scale>/")
 
     sub.add_parser("bench", help="time and memory scaling benchmark (chronomem bench --help)", add_help=False)
 

@@ -783,6 +783,60 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
     return "\n".join(lines)
 
 
+def join_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs of one experiment and scale (other models, the same seeds and settings) as one
+    results.json's contents: ``results``, ``per_seed`` and every model-keyed dict of ``extra`` (its
+    ``runs``, ``control``...) joined model by model, ``config["models"]`` the union. A model in two runs, or
+    runs that differ in seeds or settings, is a ValueError (their figure would mix two protocols)."""
+    if not runs:
+        raise ValueError("join_runs needs at least one run")
+    first = runs[0]
+    joined = {**first, "results": {}, "per_seed": {}, "extra": {}, "config": {**first.get("config", {}), "models": []}}
+    same = ("experiment", "scale")
+    for run in runs:
+        if any(run.get(k) != first.get(k) for k in same) or _protocol(run) != _protocol(first):
+            raise ValueError(f"join_runs: runs of {first['experiment']} ({first['scale']}) must share the seeds and "
+                             f"settings; {_protocol(run)} differs from {_protocol(first)}")
+        overlap = set(run["results"]) & set(joined["results"])
+        if overlap:
+            raise ValueError(f"join_runs: model(s) {sorted(overlap)} in more than one run")
+        joined["results"].update(run["results"])
+        joined["per_seed"].update(run.get("per_seed", {}))
+        joined["config"]["models"] += list(run["results"])
+        for key, value in run.get("extra", {}).items():
+            if isinstance(value, dict):
+                joined["extra"].setdefault(key, {}).update(value)
+    return joined
+
+
+def _protocol(run: dict[str, Any]) -> tuple:
+    """What must agree for runs to share a figure: their seeds and their settings."""
+    config = run.get("config", {})
+    return (config.get("seeds"), tuple(sorted({s for cells in run["results"].values() for s in cells})))
+
+
+def write_figures(paths: Iterable[str | Path], out: str | Path) -> list[Path]:
+    """For each (experiment, scale) under ``paths`` whose experiment draws figures
+    (``Experiment.figures``), its runs joined (``join_runs``) and drawn in ``out/<experiment>-<scale>/``:
+    one figure of every model, where each run's own shows its models only. Returns the files written."""
+    from chronomem.registry import get_experiment
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for path in find_results(paths):
+        data = load_results(path)
+        groups.setdefault((data["experiment"], data["scale"]), []).append(data)
+    written = []
+    for (name, scale), runs in sorted(groups.items()):
+        draw = get_experiment(name).figures
+        if draw is None:
+            continue
+        folder = Path(out) / f"{name}-{scale}"
+        folder.mkdir(parents=True, exist_ok=True)
+        runs.sort(key=lambda run: -len(run["results"]))  # the main run's models first (their colours), then add-ons
+        written += draw(join_runs(runs), folder)
+    return written
+
+
 def results_page(paths: Iterable[str | Path], title: str = "Measured results") -> str:
     """Render every results.json under ``paths`` as one Markdown page."""
     files = find_results(paths)

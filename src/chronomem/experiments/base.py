@@ -121,6 +121,9 @@ class Experiment:
     chance_label: str = "chance"  # the column's name ("random policy" where the run measures one)
     # The papers' claims, judged from the numbers by the report (chronomem.report.Claim, judge).
     claims: tuple[Claim, ...] = ()
+    # figures(results, out) -> the paths of the figures it drew in the folder ``out`` from a results.json's
+    # contents, or several runs' joined by ``chronomem.report.join_runs`` (``chronomem report --figures``).
+    figures: Callable[[dict, Path], list[Path]] | None = None
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

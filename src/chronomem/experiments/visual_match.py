@@ -234,9 +234,17 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
             f"success >= {CONTROL_LEARNED:.0f}% ({s.eval_episodes} evaluation episodes)",
             {m: [r["success"] for r in rows] for m, rows in control_rows.items()},
             {m: [r["success"] >= CONTROL_LEARNED for r in rows] for m, rows in control_rows.items()})
-    plot_learning_curves({"scale": scale, "config": config, "extra": extra}, out / "learning_curves.png")
-    plot_success_by_length(produced, out / "success_by_distractor.png")
+    figures(produced, out)
     return produced
+
+
+def figures(results: dict, out: Path) -> list[Path]:
+    """The run's figures in ``out``: learning_curves.png and success_by_distractor.png (of one run's
+    results, or of several runs joined by ``chronomem report --figures``)."""
+    paths = [out / "learning_curves.png", out / "success_by_distractor.png"]
+    plot_learning_curves({"scale": results["config"]["scale"], **results}, paths[0])
+    plot_success_by_length(results, paths[1])
+    return paths
 
 
 @dataclass(frozen=True)
@@ -313,6 +321,7 @@ VISUAL_MATCH = register_experiment(
         description="Passive Visual Match (paper 001 Fig. 6a) in 2D: remember a colour across a phase of apples; "
         "a memoryless agent and a control (the colour shown at the choice) beside the memories.",
         run=partial(_run, name="visual-match"),
+        figures=figures,
         paper=PAPER,
         metric="right final choices (%)",
         paper_source="paper 001 Table 3 row 6a (DMLab's passive visual match, IMPALA, evaluations in the last 1% "
@@ -342,6 +351,7 @@ KEY_TO_DOOR = register_experiment(
         description="Key-to-Door (TVT's pycolab game, the sibling of Visual Match): take a key, collect apples, open "
         "the door with it; a memoryless agent and a control (the held key in view) beside the memories.",
         run=partial(_run, name="key-to-door"),
+        figures=figures,
         paper={},
         metric="episodes through the door (%)",
         paper_source="not in the papers: paper 001 tests Visual Match only; Key-to-Door is TVT's (Hung et al. 2019) "
