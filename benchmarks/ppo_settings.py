@@ -13,7 +13,7 @@ away: 80 leaves room for sampled actions).
 
     python benchmarks/ppo_settings.py --control ballet-any --seeds 1 2 --jobs 2 --jsonl runs/settings.jsonl
     python benchmarks/ppo_settings.py --control ballet-any --table runs/settings.jsonl
-    python benchmarks/ppo_settings.py --control doorkey --settings "16x128" "16x128 windows"
+    python benchmarks/ppo_settings.py --control doorkey-peer --seeds 1 2 3 --jsonl runs/doorkey-peer.jsonl
     python benchmarks/ppo_settings.py --control visual-match --seeds 1 --jsonl runs/visual-match.jsonl
     python benchmarks/ppo_settings.py --list
 
