@@ -3,6 +3,9 @@
 the same arrays at every step of random episodes in envs with doors, keys, lava, several rooms and
 BabyAI's missions, with a smaller view, with see-through walls, and while carrying."""
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -63,7 +66,7 @@ def test_make_env_plays_the_same_episodes_with_either_view():
     and ends, step for step, for the same seed and actions; an env class with its own ``gen_obs`` keeps
     it; an unknown view is refused."""
     fast, reference = make_env("MiniGrid-DoorKey-5x5-v0"), make_env("MiniGrid-DoorKey-5x5-v0", view="minigrid")
-    assert fast.unwrapped.gen_obs.__func__ is wrappers._fast_gen_obs
+    assert fast.unwrapped.gen_obs.func is wrappers._fast_gen_obs
     assert "gen_obs" not in vars(reference.unwrapped)
     rng = np.random.default_rng(1)
     for seed in range(2):
@@ -84,5 +87,8 @@ def test_make_env_plays_the_same_episodes_with_either_view():
 
     env = OwnView(size=5)
     assert fast_view(env) is env and "gen_obs" not in vars(env)
+    for copied in (copy.deepcopy(fast), pickle.loads(pickle.dumps(fast))):  # the view goes with the env
+        assert copied.unwrapped.gen_obs.args[0] is copied.unwrapped
+        np.testing.assert_array_equal(copied.unwrapped.gen_obs()["image"], fast.unwrapped.gen_obs()["image"])
     with pytest.raises(ValueError, match="view must be one of"):
         make_env("MiniGrid-DoorKey-5x5-v0", view="slow")

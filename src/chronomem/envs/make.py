@@ -6,7 +6,7 @@
   paper's level mixture, Visual Match and Key-to-Door), ``import popgym`` POPGym's environments (wrapped by
   ``chronomem.envs.wrappers.wrap_popgym``); an unknown id is a ValueError listing close matches. MiniGrid
   and BabyAI environments get ``chronomem.envs.wrappers.MissionTokens``, and their view computed by
-  ``chronomem.envs.wrappers.agent_view`` (``view="fast"``, the same observations, ~4x faster than
+  ``chronomem.envs.wrappers.agent_view`` (``view="fast"``, the same observations, ~3x faster than
   MiniGrid's; ``view="minigrid"`` keeps MiniGrid's own).
 * ``make_vector_env`` builds ``num_envs`` environments of one id as a vector env with
   ``autoreset_mode=SAME_STEP``: the step that ends an episode returns the *next* episode's first

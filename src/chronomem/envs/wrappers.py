@@ -6,9 +6,9 @@ applies them; the facts and ids they serve are in ``chronomem.envs.minigrid`` an
   (``chronomem.envs.minigrid.tokenize``), so that every observation is a fixed-shape array.
 * ``fast_view(env)`` (MiniGrid, BabyAI): the env's ``gen_obs`` reads the agent's 7x7 view straight from
   the grid's cells (``agent_view``), the same arrays as MiniGrid's own (tested over every step of random
-  episodes in several envs), ~4x faster: MiniGrid builds a sliced ``Grid``, rotates it (up to 4 times,
-  each a new ``Grid``) and encodes it, ~170 us per step, the largest part of a MiniGrid agent's step on
-  one CPU thread (docs/rl.md, "Throughput"; ``benchmarks/minigrid_speed.py``).
+  episodes in several envs), ~3x faster: MiniGrid builds a sliced ``Grid``, rotates it (up to 4 times,
+  each a new ``Grid``) and encodes it, ~130 us per observation, the largest part of a MiniGrid env's
+  step on one CPU thread (docs/rl.md, "Throughput"; ``benchmarks/minigrid_speed.py``).
 * ``wrap_popgym(env)`` (POPGym, Morad et al. 2023) applies POPGym's experimental protocol (its
   ``baselines/ppo.py``: every environment is ``Antialias(PreviousAction(env))``), then makes the
   result something a vector env batches and a categorical policy acts in:
@@ -33,6 +33,8 @@ applies them; the facts and ids they serve are in ``chronomem.envs.minigrid`` an
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -142,7 +144,7 @@ def fast_view(env):
 
     base = env.unwrapped
     if isinstance(base, MiniGridEnv) and type(base).gen_obs is MiniGridEnv.gen_obs:
-        base.gen_obs = _fast_gen_obs.__get__(base)
+        base.gen_obs = functools.partial(_fast_gen_obs, base)  # a partial pickles and copies with its env
     return env
 
 
