@@ -21,24 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from chronomem.threads import Measured
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling script, also when loaded as a module
+from cell_map import timed  # noqa: E402  (the median of repeats after a warm-up)
+
 ENV = "MiniGrid-DoorKey-5x5-v0"
-
-
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def view_states(steps: int):

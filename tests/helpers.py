@@ -32,3 +32,17 @@ def assert_same_gradients(reference: nn.Module, model: nn.Module, atol: float = 
         zeros = torch.zeros_like(a)
         torch.testing.assert_close(zeros if b.grad is None else b.grad, zeros if a.grad is None else a.grad,
                                    atol=atol, rtol=rtol, msg=name)
+
+
+def assert_cell_impls_agree(encoder: nn.Module, obs) -> None:
+    """``encoder`` (an encoder with ``cell_impl``) gives the same features on ``obs`` with its folded and
+    its reference path, and the same gradient into every weight."""
+    outputs, grads = [], []
+    for impl in ("reference", "folded"):
+        encoder.cell_impl = impl
+        y = encoder(obs)
+        outputs.append(y)
+        grads.append(torch.autograd.grad(y.square().sum(), list(encoder.parameters())))
+    torch.testing.assert_close(outputs[1], outputs[0])
+    for folded, reference in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(folded, reference, rtol=1e-4, atol=1e-5)

@@ -9,6 +9,7 @@ import torch
 from chronomem.encoders import BalletEncoder
 from chronomem.ops import cell_map as ops
 from chronomem.ops.cell_map import FOLD_MIN_ROWS, cell_map, cell_map_folded, cell_map_reference
+from helpers import assert_cell_impls_agree
 
 torch.set_num_threads(1)
 
@@ -80,14 +81,6 @@ def test_encoder_gives_the_same_features_with_either_map(vocab_size):
     encoder = BalletEncoder(16, vocab_size=vocab_size, view=view, symbols=symbols, visual="cells")
     grid = one_hot_cells((B, N, *view), symbols, g).to(torch.uint8)
     obs = {"grid": grid} | ({"instruction": torch.randint(vocab_size, (B, N), generator=g)} if vocab_size else {})
-    outputs, grads = [], []
-    for impl in ("reference", "folded"):
-        encoder.cell_impl = impl
-        y = encoder(obs)
-        outputs.append(y)
-        grads.append(torch.autograd.grad(y.square().sum(), list(encoder.parameters())))
-    torch.testing.assert_close(outputs[1], outputs[0])
-    for folded, reference in zip(grads[1], grads[0], strict=True):
-        torch.testing.assert_close(folded, reference, rtol=1e-4, atol=1e-5)
+    assert_cell_impls_agree(encoder, obs)
     with pytest.raises(ValueError, match="observation='symbolic'"):
         BalletEncoder(16, observation="pixels", visual="cells", cell_impl="folded")

@@ -10,6 +10,7 @@ import torch
 from chronomem.encoders import MiniGridEncoder
 from chronomem.ops import embed_conv as ops
 from chronomem.ops.embed_conv import FOLD_MIN_ROWS, embed_conv, embed_conv_folded, embed_conv_reference
+from helpers import assert_cell_impls_agree
 
 torch.set_num_threads(1)
 SIZES = (11, 6, 3)  # MiniGrid's objects, colours and door states
@@ -68,14 +69,6 @@ def test_encoder_gives_the_same_features_either_way():
     B, N = 2, 40
     obs = {"image": random_ids(B * N, 7, g).view(B, N, 7, 7, 3).to(torch.uint8),
            "direction": torch.randint(4, (B, N), generator=g), "mission": torch.randint(20, (B, N, 5), generator=g)}
-    outputs, grads = [], []
-    for impl in ("reference", "folded"):
-        encoder.cell_impl = impl
-        y = encoder(obs)
-        outputs.append(y)
-        grads.append(torch.autograd.grad(y.square().sum(), list(encoder.parameters())))
-    torch.testing.assert_close(outputs[1], outputs[0])
-    for folded, reference in zip(grads[1], grads[0], strict=True):
-        torch.testing.assert_close(folded, reference, rtol=1e-4, atol=1e-5)
+    assert_cell_impls_agree(encoder, obs)
     with pytest.raises(ValueError, match="cell_impl must be one of"):
         MiniGridEncoder(16, vocab_size=20, max_words=5, cell_impl="fast")
