@@ -136,6 +136,9 @@ ABLATIONS = {
     # torch-ac's minibatches and its optimiser, our agent and losses: the fastest to 0.9 in the settings sweep
     # (benchmarks/ppo_settings.py --control doorkey-peer)
     "torch-ac's minibatches and Adam eps": {"recurrence": 4, "minibatch": "windows", "adam_eps": 1e-8},
+    # and the envs stepped in subprocesses, as torch-ac steps its own (does the second core pay?)
+    "torch-ac's minibatches and Adam eps, envs in subprocesses": {"recurrence": 4, "minibatch": "windows",
+                                                                 "adam_eps": 1e-8, "async_envs": True},
 }
 
 
