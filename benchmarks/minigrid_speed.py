@@ -62,7 +62,7 @@ def ppo_setup(view: str, cell_impl: str, num_envs: int, num_steps: int):
     torch.manual_seed(1)
     agent = ppo.make_agent(args, {}, envs.single_observation_space, envs.single_action_space)
     agent.encoder.cell_impl = cell_impl
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=args.adam_eps, fused=True)
+    optimizer = ppo.make_optimizer(agent, args, torch.device("cpu"))
     obs, _ = envs.reset(seed=list(range(num_envs)))
     return args, envs, agent, optimizer, obs, agent.initial_state(num_envs)
 

@@ -33,6 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling script, also when loaded as a module
+from ppo_peer import BATCH, EPOCHS, FRAMES_PER_ENV, LR, NUM_ENVS  # noqa: E402  (the peer benchmark's settings)
+
 # ballet-rl's agent sized for a CPU (docs/rl.md "A Ballet agent sized for a CPU")
 BALLET_AGENT = dict(core="lstm", dim=64, depth=2, heads=4, hidden=128, visual="cells", reconstruct_every=8)
 # ballet-rl's quick settings before this benchmark (chosen for frames per second)
@@ -56,8 +59,9 @@ class Control:
 
 
 BALLET_QUICK = {**STARTER, "timeout": "failure", "reconstruction": 0.0}  # ballet-rl quick's settings
-# benchmarks/ppo_peer.py's settings for our side (torch-ac's, as ours reads them) and its fastest variant
-PEER = dict(num_envs=16, num_steps=128, num_minibatches=8, update_epochs=4, lr=1e-3, anneal_lr=False, ent_coef=0.01)
+# benchmarks/ppo_peer.py's settings for our side (torch-ac's, as ours reads them; entropy 0.01 the Args default)
+PEER = dict(num_envs=NUM_ENVS, num_steps=FRAMES_PER_ENV, num_minibatches=NUM_ENVS * FRAMES_PER_ENV // BATCH,
+            update_epochs=EPOCHS, lr=LR, anneal_lr=False)
 PEER_WINDOWS = {**PEER, "recurrence": 4, "minibatch": "windows"}
 
 

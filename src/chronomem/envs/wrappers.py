@@ -76,41 +76,45 @@ def agent_view(env) -> np.ndarray:
     behind it unless ``see_behind()`` (MiniGrid's sweep: from the agent's row upwards, each row swept
     right then left, a seen transparent cell showing its neighbour in the row and the two above it); the
     agent's own cell shows what it carries."""
-    wall, empty, directions = _minigrid_facts()
+    wall, empty, _ = _minigrid_facts()
     size, grid = env.agent_view_size, env.grid
     width, height, cells = grid.width, grid.height, grid.grid
     ax, ay = env.agent_pos
-    fx, fy = directions[env.agent_dir]
-    rx, ry = -fy, fx  # the agent's right hand
-    half = size // 2
-    view = []  # view[i][j]: the object at view column i, row j (None: empty floor)
-    for i in range(size):
-        column = []
-        for j in range(size):
-            ahead, side = size - 1 - j, i - half
-            x, y = ax + fx * ahead + rx * side, ay + fy * ahead + ry * side
-            column.append(cells[y * width + x] if 0 <= x < width and 0 <= y < height else wall)
-        view.append(column)
+    # view[i * size + j]: the object at view column i, row j (None: empty floor)
+    view = [cells[(ay + dy) * width + ax + dx] if 0 <= ax + dx < width and 0 <= ay + dy < height else wall
+            for dx, dy in _view_offsets(size, env.agent_dir)]
+    agent = (size // 2) * size + size - 1  # the bottom middle
     if env.see_through_walls:
-        seen = [[True] * size for _ in range(size)]
+        seen = [True] * size * size
     else:
-        seen = [[False] * size for _ in range(size)]
-        seen[half][size - 1] = True
-        for j in range(size - 1, -1, -1):
+        seen = [False] * size * size
+        seen[agent] = True
+        for j in range(size - 1, -1, -1):  # rows from the agent's upwards, each swept right then left
             for step, columns in ((1, range(size - 1)), (-1, range(size - 1, 0, -1))):
                 for i in columns:
-                    thing = view[i][j]
-                    if seen[i][j] and (thing is None or thing.see_behind()):
-                        seen[i + step][j] = True
+                    here = i * size + j
+                    thing = view[here]
+                    if seen[here] and (thing is None or thing.see_behind()):
+                        beside = here + step * size
+                        seen[beside] = True
                         if j > 0:
-                            seen[i + step][j - 1] = seen[i][j - 1] = True
-    view[half][size - 1] = env.carrying  # the agent sees what it carries (None: nothing)
+                            seen[beside - 1] = seen[here - 1] = True
+    view[agent] = env.carrying  # the agent sees what it carries (None: nothing)
     codes, hidden, wall_code = [], (0, 0, 0), _WALL_CODE
-    for column, visible in zip(view, seen, strict=True):
-        for thing, shown in zip(column, visible, strict=True):
-            codes.extend(hidden if not shown else empty if thing is None else wall_code if thing is wall
-                         else thing.encode())
+    for thing, shown in zip(view, seen, strict=True):
+        codes.extend(hidden if not shown else empty if thing is None else wall_code if thing is wall
+                     else thing.encode())
     return np.array(codes, dtype=np.uint8).reshape(size, size, 3)
+
+
+@functools.lru_cache(maxsize=64)
+def _view_offsets(size: int, direction: int) -> tuple[tuple[int, int], ...]:
+    """Where each cell of the view lies from the agent, ``(dx, dy)`` in the grid, column by column: the
+    view's row ``j`` is ``size - 1 - j`` steps ahead, its column ``i`` is ``i - size // 2`` to the right."""
+    fx, fy = _minigrid_facts()[2][direction]
+    rx, ry = -fy, fx  # the agent's right hand
+    return tuple((fx * (size - 1 - j) + rx * (i - size // 2), fy * (size - 1 - j) + ry * (i - size // 2))
+                 for i in range(size) for j in range(size))
 
 
 _FACTS = []

@@ -242,7 +242,7 @@ def figures(results: dict, out: Path) -> list[Path]:
     """The run's figures in ``out``: learning_curves.png and success_by_distractor.png (of one run's
     results, or of several runs joined by ``chronomem report --figures``)."""
     paths = [out / "learning_curves.png", out / "success_by_distractor.png"]
-    plot_learning_curves({"scale": results["config"]["scale"], **results}, paths[0])
+    plot_learning_curves(results, paths[0])
     plot_success_by_length(results, paths[1])
     return paths
 
@@ -310,7 +310,7 @@ def plot_learning_curves(results: dict, path: Path) -> None:
             panels[f"distractor {row['distractor']}"].setdefault(model, []).append(row["success_curve"])
     if extra.get("control"):
         panels[game.control_panel] = {m: [r["success_curve"] for r in rows] for m, rows in extra["control"].items()}
-    plot_curves(panels, path, f"{game.experiment} ({results['scale']}): {game.success} (%) against frames",
+    plot_curves(panels, path, f"{game.experiment} ({config['scale']}): {game.success} (%) against frames",
                 chance=None if game.chance is None else dict.fromkeys(panels, game.chance),
                 chance_label="chance: a random square (1/3)", ylim=(0, 100), ylabel=f"{game.success} (%)")
 
