@@ -77,7 +77,8 @@ def recorded_reads(seen: dict):
 
 def chunk_weights(seen: dict, step: int) -> list[float]:
     """The relevance weight of each chunk visible at ``step`` (commit order: the first holds the explore
-    phase), the mean over the batch: ``HTMAttention.read``'s softmax, recomputed from its recorded inputs."""
+    phase), the mean over the batch: ``HTMAttention.read``'s softmax, recomputed from its recorded inputs
+    (the relevance head's own weights, before ``relevance_floor``'s mix)."""
     module, queries, keys = seen["module"], seen["queries"], seen["keys"]
     with torch.no_grad():
         if module.memory_norm:

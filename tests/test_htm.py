@@ -45,6 +45,7 @@ def naive_read(attn: HTMAttention, queries, keys, contents, slot_valid, valid, m
             if top:  # else: no visible chunk, a zero read
                 logits = torch.stack([attn.to_query(x) @ attn.to_key(keys[b, m]) for *_, m in top]) / math.sqrt(D)
                 w = torch.softmax(logits, 0)
+                w = (1 - attn.relevance_floor) * w + attn.relevance_floor / len(top)  # the option, literally
                 for wi, (_, _, m) in zip(w, top, strict=True):
                     chunk = (contents[b, m] + pe)[None]  # [1, C, D]
                     y = attn.within(x[None, None], chunk, key_mask=slot_valid[b, m][None])
@@ -103,6 +104,38 @@ def test_attention_matches_naive_reference(top_k, read_path):
     )
 
 
+@pytest.mark.parametrize("top_k", [1, 3, 6])
+def test_relevance_floor_matches_naive_reference(top_k, read_path):
+    """``relevance_floor=f`` is the literal read with ``R_i`` replaced by ``(1 - f) R_i + f / n`` over the
+    n selected visible chunks; a query that may read nothing still reads zeros, and the floor changes the
+    read (so the reference is not passing by ignoring it)."""
+    torch.manual_seed(2)
+    B, M, C, D, Q = 2, 6, 4, 8, 5
+    floored = HTMAttention(D, num_heads=2, top_k=top_k, chunk_size=C, relevance_floor=0.4, read_impl=read_path)
+    keys, contents, slot_valid, valid = random_memory(B, M, C, D)
+    memory = as_memory(keys, contents, slot_valid, valid)
+    queries = torch.randn(B, Q, D)
+    mask = torch.rand(B, Q, M) > 0.3
+    mask[0, 2] = False
+    got = floored(queries, memory, mask)
+    with torch.no_grad():
+        want = naive_read(floored, queries, keys, contents, slot_valid, valid, mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert got[0, 2].abs().max() == 0
+    plain = HTMAttention(D, num_heads=2, top_k=top_k, chunk_size=C, read_impl=read_path)
+    plain.load_state_dict(floored.state_dict())
+    difference = (plain(queries, memory, mask) - got).abs().max()
+    assert difference < 1e-6 if top_k == 1 else difference > 1e-3  # one chunk: its weight is 1 either way
+
+
+@pytest.mark.parametrize("floor", [-0.1, 1.0, True, "0.1"])
+def test_relevance_floor_bad_values(floor):
+    with pytest.raises(ValueError if isinstance(floor, float) else TypeError, match="relevance_floor"):
+        HTMAttention(8, num_heads=2, top_k=2, chunk_size=4, relevance_floor=floor)
+    with pytest.raises(ValueError if isinstance(floor, float) else TypeError, match="relevance_floor"):
+        HTMTransformer(dim=8, depth=1, num_heads=2, top_k=2, chunk_size=4, memory_size=4, relevance_floor=floor)
+
+
 @pytest.mark.parametrize("Q", [1, 3])  # Q * top_k < M: LN of the gathered slots; >= M: of the whole memory
 def test_memory_norm_reads_layer_normed_memory(Q, read_path):
     """``memory_norm=True`` is the literal read on LN(summaries) and LN(steps) (no learned scale), so the
@@ -127,18 +160,19 @@ def test_memory_norm_reads_layer_normed_memory(Q, read_path):
 
 
 @pytest.mark.parametrize("memory_gradient", [False, True])
-@pytest.mark.parametrize(("memory_norm", "Q"), [(False, 5), (True, 5), (True, 1)])
-def test_gradients_match_naive_reference(memory_gradient, memory_norm, Q, read_path):
+@pytest.mark.parametrize(("memory_norm", "Q", "floor"),
+                         [(False, 5, 0.0), (True, 5, 0.0), (True, 1, 0.0), (False, 5, 0.3)])
+def test_gradients_match_naive_reference(memory_gradient, memory_norm, Q, floor, read_path):
     """The fast read moves the K/V projections onto the query side; parameter and query gradients
     must still equal those of the literal per-chunk read (float64, so only rounding differs). With
     ``memory_gradient`` the gradients into the keys and contents must equal the literal read's too,
     also through ``memory_norm``'s LayerNorm, taken on the whole memory (Q=5) or on each query's
-    gathered slots (Q=1: Q * top_k < M)."""
+    gathered slots (Q=1: Q * top_k < M), and through ``relevance_floor``'s mix."""
     torch.manual_seed(4)
     B, M, C, D = 2, 6, 4, 8
     attn = HTMAttention(
         D, num_heads=2, top_k=3, chunk_size=C, memory_gradient=memory_gradient, memory_norm=memory_norm,
-        read_impl=read_path,
+        relevance_floor=floor, read_impl=read_path,
     ).double()
     ln = (lambda t: torch.nn.functional.layer_norm(t, (D,))) if memory_norm else (lambda t: t)
     memory = [t.double() if t.is_floating_point() else t for t in random_memory(B, M, C, D)]

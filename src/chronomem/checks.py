@@ -135,9 +135,17 @@ def check_even_dim(dim: int, name: str = "dim") -> None:
         raise ValueError(f"{name} must be even (sinusoid encodings have sin and cos halves), got {dim}")
 
 
-def check_dropout(p: float, name: str = "dropout") -> None:
+def check_fraction(p: Any, name: str) -> float:
+    """Return ``p`` if it is a number in [0, 1)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1), got {p!r}")
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {p}")
+    return float(p)
+
+
+def check_dropout(p: float, name: str = "dropout") -> None:
+    check_fraction(p, name)
 
 
 def check_state_batch(state_batch: int, batch: int, name: str = "state") -> None:

@@ -64,6 +64,12 @@ Options that depart from the paper (off by default; docs/htm.md gives the measur
   residual stream, whose scale grows in training; read raw, the relevance logits saturate and the
   top-1 chunk is picked by scale, not content. Pre-LN Transformer-XL, the agent memory HTM replaces
   (Sec. 2 "Agents"), likewise reads LN(memory). Stored values and summaries are unchanged.
+* ``relevance_floor=f`` (0 < f < 1) mixes the relevance with a uniform weight over the selected visible
+  chunks: ``R'_i = (1 - f) R_i + f / n``, n the number of them. Each chunk a query reads then keeps a
+  weight of at least ``f / n``, so its within-chunk read keeps a gradient however the single relevance
+  head drifts. Without it, on Visual Match the relevance can take the chunk holding the cue to weight 0
+  before the read has learned what the chunk holds, and the read then never learns it (docs/rl.md,
+  "What decides HTM's seeds").
 * ``output_steps=r`` computes only the last ``r`` outputs of a call (a probe or questions read out
   at the end: App. B.4's PAI model, supervised Ballet), and the layers only what those need: the
   last layer's other steps are needed by no one (memory and cache store *inputs*), and with one
@@ -98,6 +104,7 @@ from torch import Tensor, nn
 from chronomem.checks import (
     check_done,
     check_ended_rows,
+    check_fraction,
     check_heads,
     check_mask,
     check_positive,
@@ -310,6 +317,7 @@ class HTMConfig:
     relative_positions: bool = True
     init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
     memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
+    relevance_floor: float = 0.0  # deviation: R' = (1 - f) R + f / n over the n selected visible chunks
     output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
     read_impl: str = "auto"  # how the selected chunks are mixed: auto, gather, grouped, dense, reference
 
@@ -334,12 +342,15 @@ class HTMAttention(nn.Module):
     gradients flow into the keys and contents it reads; see ``HTMTransformer``.
     ``memory_norm=True`` (off by default; a deviation) reads LN(summaries) and LN(steps), LayerNorm
     without learned parameters, applied before the slot position encoding; see the module docstring.
+    ``relevance_floor=f`` (0 by default; a deviation) mixes the relevance weights with a uniform weight
+    over the selected visible chunks, ``(1 - f) R_i + f / n``; see the module docstring.
     """
 
     def __init__(self, dim: int, num_heads: int = HTMConfig.num_heads, top_k: int = HTMConfig.top_k,
                  chunk_size: int = HTMConfig.chunk_size, *,
                  position_encoding: bool = True, dropout: float = 0.0, memory_gradient: bool = False,
-                 init_scale: float | None = 2.0, memory_norm: bool = False, read_impl: str = "auto"):
+                 init_scale: float | None = 2.0, memory_norm: bool = False, relevance_floor: float = 0.0,
+                 read_impl: str = "auto"):
         super().__init__()
         check_heads(dim, num_heads)
         self.dim, self.top_k = dim, check_positive(top_k, "top_k")
@@ -347,6 +358,7 @@ class HTMAttention(nn.Module):
         self.position_encoding = position_encoding
         self.memory_gradient = memory_gradient
         self.memory_norm = memory_norm
+        self.relevance_floor = check_fraction(relevance_floor, "relevance_floor")
         self.read_impl = check_read_impl(read_impl)
         if position_encoding and dim % 2:
             raise ValueError(f"dim must be even for the sinusoid position encoding of the chunk slots, got {dim}")
@@ -405,6 +417,10 @@ class HTMAttention(nn.Module):
         # Softmax over the k selected logits only; hidden ones get zero weight, no chunk -> all zero.
         weights = torch.softmax(top_logits.masked_fill(~top_visible, float("-inf")), dim=-1)
         weights = torch.where(top_visible, weights, torch.zeros_like(weights))  # also clears NaN rows
+        if self.relevance_floor:  # deviation (option): every selected chunk keeps at least f / n of the read
+            uniform = top_visible.to(weights.dtype)
+            uniform = uniform / uniform.sum(-1, keepdim=True).clamp(min=1)
+            weights = (1 - self.relevance_floor) * weights + self.relevance_floor * uniform
 
         # Within-chunk attention MHA(LN(x), C_i), computed in content space. The released module
         # projects every chunk to K/V and attends per selected chunk; that is linear in the
@@ -493,7 +509,8 @@ class HTMLayer(nn.Module):
         self.norm_memory = nn.LayerNorm(dim)
         self.memory = HTMAttention(dim, heads, cfg.top_k, cfg.chunk_size, position_encoding=cfg.position_encoding,
                                    dropout=cfg.dropout, memory_gradient=cfg.memory_gradient,
-                                   init_scale=cfg.init_scale, memory_norm=cfg.memory_norm, read_impl=cfg.read_impl)
+                                   init_scale=cfg.init_scale, memory_norm=cfg.memory_norm,
+                                   relevance_floor=cfg.relevance_floor, read_impl=cfg.read_impl)
         self.norm_ff = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, cfg.ff_mult, cfg.dropout)
 
@@ -553,6 +570,7 @@ class HTMTransformer(CausalCore):
         if cfg.output_steps is not None:
             check_positive(cfg.output_steps, "output_steps")
         check_read_impl(cfg.read_impl)
+        check_fraction(cfg.relevance_floor, "relevance_floor")
         self.dim = self.out_dim = cfg.dim
         self.cache_length = cfg.window - 1 + cfg.extra_length
         self.layers = nn.ModuleList(HTMLayer(cfg) for _ in range(cfg.depth))
