@@ -68,8 +68,8 @@ Options that depart from the paper (off by default; docs/htm.md gives the measur
   chunks: ``R'_i = (1 - f) R_i + f / n``, n the number of them. Each chunk a query reads then keeps a
   weight of at least ``f / n``, so its within-chunk read keeps a gradient however the single relevance
   head drifts. Without it, on Visual Match the relevance can take the chunk holding the cue to weight 0
-  before the read has learned what the chunk holds, and the read then never learns it (docs/rl.md,
-  "What decides HTM's seeds").
+  before the read has learned what the chunk holds, and the read then never learns it. The floor ends
+  that in a supervised probe, not in the RL agent's failing seeds (docs/rl.md, "What decides HTM's seeds").
 * ``output_steps=r`` computes only the last ``r`` outputs of a call (a probe or questions read out
   at the end: App. B.4's PAI model, supervised Ballet), and the layers only what those need: the
   last layer's other steps are needed by no one (memory and cache store *inputs*), and with one
