@@ -29,15 +29,27 @@ BASE = dict(dim=64, depth=1, hidden=64, visual="cells", num_envs=16, num_steps=1
 
 
 def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: int, frames: int, seed: int,
-          out: str | None = None, core_options: dict | None = None) -> dict:
+          out: str | None = None, core_options: dict | None = None, freeze: str | None = None) -> dict:
     import gymnasium as gym
     import torch
 
     import chronomem.envs  # noqa: F401  (registers the entry points named below)
+    from chronomem.rl import ppo
     from chronomem.rl.evaluate import evaluate
     from chronomem.rl.ppo import Args, train
 
     torch.set_num_threads(1)
+    if freeze:  # an ablation: these parameters keep their initial values (Adam skips a parameter without grad)
+        build = ppo.make_agent
+
+        def make_agent(*args, **kwargs):
+            agent = build(*args, **kwargs)
+            frozen = [p.requires_grad_(False) for name, p in agent.named_parameters() if freeze in name]
+            if not frozen:
+                raise ValueError(f"--freeze {freeze!r} names no parameter of the agent")
+            return agent
+
+        ppo.make_agent = make_agent
     slug = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")  # a probe's name may hold spaces and commas
     env_id = f"probe/VisualMatch-{slug}-v0"  # the control with the env changes
     gym.register(env_id, entry_point="chronomem.envs.tvt:TVTEnv",
@@ -51,6 +63,7 @@ def probe(name: str, core: str, changes: dict, env_changes: dict, distractor: in
     measured = evaluate(result.agent, env_id, 200, progress=False)
     kls = sorted(row["approx_kl"] for row in result.history)
     return {"name": name, "core": core, "core_options": core_options or {}, "env": env_changes, "args": changes,
+            **({"frozen": freeze} if freeze else {}),
             "distractor": distractor, "seed": seed,
             "frames": result.frames, "seconds": round(time.perf_counter() - start),
             "learned": rows[-1]["success_rate"] >= 0.9,
@@ -73,6 +86,8 @@ def main(argv=None) -> None:
     parser.add_argument("--jsonl", help="append the record to this file")
     parser.add_argument("--out", help="keep the run (config, metrics, final checkpoint) in this new directory, e.g. "
                                       "for benchmarks/visual_match_cases.py")
+    parser.add_argument("--freeze", help="parameters whose names contain this keep their initial values, e.g. "
+                                         "read_gate with core.read_gate=0.0: HTM without its read")
     args = parser.parse_intermixed_args(argv)
     changes, env_changes, core_options = {}, {}, {}
     targets = {"": changes, "env": env_changes, "core": core_options}  # KEY, env.KEY, core.KEY
@@ -83,7 +98,7 @@ def main(argv=None) -> None:
             parser.error(f"changes must be KEY=VALUE, env.KEY=VALUE or core.KEY=VALUE, got {pair!r}")
         targets[scope][field] = ast.literal_eval(value)
     record = probe(args.name, args.core, changes, env_changes, args.distractor, args.frames, args.seed, args.out,
-                   core_options)
+                   core_options, args.freeze)
     print(json.dumps(record))
     if args.jsonl:
         with open(Path(args.jsonl), "a") as f:

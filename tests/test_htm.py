@@ -136,6 +136,58 @@ def test_relevance_floor_bad_values(floor):
         HTMTransformer(dim=8, depth=1, num_heads=2, top_k=2, chunk_size=4, memory_size=4, relevance_floor=floor)
 
 
+@pytest.mark.parametrize("gate", [0.0, 0.6])
+def test_read_gate_scales_the_read(gate):
+    """``read_gate=a`` is ``x + a * read``: the same model as one without the gate whose HTM blocks' output
+    projections (weight and bias; the read is linear in them) are scaled by ``a``, in outputs, state and
+    the acting path (one step at a time, with episode ends). Shut (``a = 0``), the gate's own gradient is
+    not zero, so the read can open it; then no gradient reaches the read's parameters."""
+    torch.manual_seed(3)
+    options = dict(dim=8, depth=2, num_heads=2, top_k=2, chunk_size=3, memory_size=4, window=4)
+    gated = HTMTransformer(**options, read_gate=gate).double()
+    plain = HTMTransformer(**options).double()
+    with torch.no_grad():
+        for layer in gated.layers:
+            for p in layer.memory.within.to_out.parameters():
+                p.normal_()  # a read that is not zero at the start
+    state = {k: v for k, v in gated.state_dict().items() if "read_gate" not in k}
+    plain.load_state_dict(state)
+    with torch.no_grad():
+        for layer, gated_layer in zip(plain.layers, gated.layers, strict=True):
+            for p in layer.memory.within.to_out.parameters():
+                p.mul_(gated_layer.read_gate)  # a float32 start, then double: not exactly `gate`
+    x = torch.randn(2, 11, 8, dtype=torch.double)
+    done = torch.zeros(2, 11, dtype=torch.bool)
+    done[0, 6] = True
+    got, got_state = gated(x, done=done)
+    want, want_state = plain(x, done=done)
+    torch.testing.assert_close(got, want)
+    unversioned = dict(kv_version=None)  # which parameter values made the cached keys: the models' own numbers
+    assert_same_state(dataclasses.replace(got_state, **unversioned), dataclasses.replace(want_state, **unversioned),
+                      atol=1e-12)
+    with torch.no_grad():
+        step_state, steps = gated.init_state(2), []
+        for t in range(11):
+            y, step_state = gated(x[:, t : t + 1], state=step_state, done=done[:, t : t + 1])
+            steps.append(y)
+    torch.testing.assert_close(torch.cat(steps, 1), want)
+    ungated = HTMTransformer(**options).double()
+    ungated.load_state_dict(state)
+    assert (ungated(x, done=done)[0] - got).abs().max() > 1e-3  # the gate changes the output
+    got.square().sum().backward()
+    for layer in gated.layers:
+        assert layer.read_gate.grad.abs() > 0
+        to_out = layer.memory.within.to_out.weight.grad
+        assert (to_out.abs().max() == 0) == (gate == 0.0)
+
+
+@pytest.mark.parametrize(("gate", "error"), [(True, TypeError), ("0", TypeError), (float("nan"), ValueError),
+                                             (float("inf"), ValueError)])
+def test_read_gate_bad_values(gate, error):
+    with pytest.raises(error, match="read_gate"):
+        HTMTransformer(dim=8, depth=1, num_heads=2, top_k=2, chunk_size=4, memory_size=4, read_gate=gate)
+
+
 @pytest.mark.parametrize("Q", [1, 3])  # Q * top_k < M: LN of the gathered slots; >= M: of the whole memory
 def test_memory_norm_reads_layer_normed_memory(Q, read_path):
     """``memory_norm=True`` is the literal read on LN(summaries) and LN(steps) (no learned scale), so the

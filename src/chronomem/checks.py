@@ -7,6 +7,7 @@ without importing the attention layers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -142,6 +143,17 @@ def check_fraction(p: Any, name: str) -> float:
     if not 0.0 <= p < 1.0:
         raise ValueError(f"{name} must be in [0, 1), got {p}")
     return float(p)
+
+
+def check_number(value: Any, name: str, *, none: bool = False) -> float | None:
+    """Return ``value`` as a float if it is a finite real number (or None, where ``none``)."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a finite number{' or None' if none else ''}, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
 
 
 def check_dropout(p: float, name: str = "dropout") -> None:

@@ -70,6 +70,10 @@ Options that depart from the paper (off by default; docs/htm.md gives the measur
   head drifts. Without it, on Visual Match the relevance can take the chunk holding the cue to weight 0
   before the read has learned what the chunk holds, and the read then never learns it. The floor ends
   that in a supervised probe, not in the RL agent's failing seeds (docs/rl.md, "What decides HTM's seeds").
+* ``read_gate=a0`` scales the HTM block's read by a learned scalar per layer, starting at ``a0``:
+  ``x + a * sum_i R_i MHA(LN(x), C_i)``. At ``a0 = 0`` (ReZero, Bachlechner et al. 2021) each layer
+  starts as Transformer-XL's local attention and FFN, and the read enters only as its gradient opens
+  the gate. App. D.6's GTrXL gating of every sublayer is a different thing (the paper found it slower).
 * ``output_steps=r`` computes only the last ``r`` outputs of a call (a probe or questions read out
   at the end: App. B.4's PAI model, supervised Ballet), and the layers only what those need: the
   last layer's other steps are needed by no one (memory and cache store *inputs*), and with one
@@ -107,6 +111,7 @@ from chronomem.checks import (
     check_fraction,
     check_heads,
     check_mask,
+    check_number,
     check_positive,
     check_state_batch,
     check_tensor,
@@ -318,6 +323,7 @@ class HTMConfig:
     init_scale: float | None = 2.0  # HTMAttention's initialisation (released module); None: PyTorch's
     memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
     relevance_floor: float = 0.0  # deviation: R' = (1 - f) R + f / n over the n selected visible chunks
+    read_gate: float | None = None  # deviation: x + a * read, a learned scalar per layer starting here (0: shut)
     output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
     read_impl: str = "auto"  # how the selected chunks are mixed: auto, gather, grouped, dense, reference
 
@@ -511,6 +517,10 @@ class HTMLayer(nn.Module):
                                    dropout=cfg.dropout, memory_gradient=cfg.memory_gradient,
                                    init_scale=cfg.init_scale, memory_norm=cfg.memory_norm,
                                    relevance_floor=cfg.relevance_floor, read_impl=cfg.read_impl)
+        # read_gate (a deviation, option): the read enters the residual stream scaled by a learned scalar,
+        # ReZero's (Bachlechner et al. 2021) at 0: the layer starts as Transformer-XL's (module docstring).
+        gate = check_number(cfg.read_gate, "read_gate", none=True)
+        self.read_gate = None if gate is None else nn.Parameter(torch.tensor(gate))
         self.norm_ff = nn.LayerNorm(dim)
         self.ff = FeedForward(dim, cfg.ff_mult, cfg.dropout)
 
@@ -531,6 +541,8 @@ class HTMLayer(nn.Module):
         x = x + local.attend(self.local, queries, keys_values)  # causal local self-attention
         read = self.memory.read(self.norm_memory(x), chunks.keys, chunks.contents, chunks.slot_valid, chunks.valid,
                                 chunks.mask)
+        if self.read_gate is not None:
+            read = self.read_gate * read
         x = x + read  # HTM block: x + sum_i R_i MHA(LN(x), C_i)
         return x + self.ff(self.norm_ff(x)), keys_values
 
@@ -571,6 +583,7 @@ class HTMTransformer(CausalCore):
             check_positive(cfg.output_steps, "output_steps")
         check_read_impl(cfg.read_impl)
         check_fraction(cfg.relevance_floor, "relevance_floor")
+        check_number(cfg.read_gate, "read_gate", none=True)
         self.dim = self.out_dim = cfg.dim
         self.cache_length = cfg.window - 1 + cfg.extra_length
         self.layers = nn.ModuleList(HTMLayer(cfg) for _ in range(cfg.depth))
