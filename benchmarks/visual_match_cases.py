@@ -52,7 +52,7 @@ def play_cases(agent, env_id: str, episodes: int, greedy: bool, seed: int = 0) -
         for target in range(NUM_COLOURS):
             counts = Counter()
             for _ in range(episodes):
-                drawn = sample_layout(rng, "visual_match", game.num_apples, game.apple_rewards)
+                drawn = sample_layout(rng, "visual_match", game.num_apples, game.apple_rewards, game.cue_cell)
                 layout = Layout(start=drawn.start, apples=drawn.apples, apple_reward=drawn.apple_reward,
                                 cue=drawn.cue, colours=order, target=target)
                 obs, _ = env.reset(options={"layout": layout})

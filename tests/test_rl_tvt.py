@@ -243,3 +243,72 @@ def test_quick_htm_reaches_the_cue_only_through_its_chunk_memory():
                                           extra_length=options.get("extra_length", HTMConfig.extra_length))
             assert not seen[0, EXPLORE + distractor:, :EXPLORE].any(), (scale.game, distractor)
             assert seen[0, EXPLORE - 1, :EXPLORE].all()  # the rule itself: the explore phase sees itself
+
+
+class _FirstObservations(_Walker):
+    """A walker that keeps each episode's first observation."""
+
+    def __init__(self, action: int):
+        super().__init__(action)
+        self.first = []
+
+    def initial_state(self, batch_size):
+        return "new"
+
+    def __call__(self, obs, state):
+        if state == "new":
+            self.first.append(obs["grid"][0, 0].numpy().copy())
+        return super().__call__(obs, "old")
+
+
+def test_visual_match_cases_keep_the_envs_cue_cell():
+    # The passive ids put the cue on one cell (PASSIVE_CUE_CELL); forced layouts must keep it there, or an
+    # agent trained with the cue in front is measured on cues it never saw (it then chooses at chance).
+    import gymnasium as gym
+    from tests.helpers import load_benchmark
+
+    from chronomem.envs.tvt import CODE_SYMBOLS, COLOUR, NUM_COLOURS
+
+    cases = load_benchmark("visual_match_cases")
+    env_id = visual_match_id("passive", 5)
+    walker = _FirstObservations(1)
+    cases.play_cases(walker, env_id, episodes=1, greedy=True)
+    natural = gym.make(env_id)
+    colours = CODE_SYMBOLS[COLOUR:COLOUR + NUM_COLOURS].argmax(1)  # the grid's channels of the three colours
+    cue = natural.reset(seed=3)[0]["grid"][..., colours].any(-1)  # the explore room's one coloured cell
+    natural.close()
+    assert len(walker.first) == 18 and cue.sum() == 1
+    assert all(np.array_equal(grid[..., colours].any(-1), cue) for grid in walker.first)
+
+
+def test_visual_match_readout_finds_the_colour_where_it_is_in_view():
+    import torch
+    from tests.helpers import load_benchmark
+
+    readout = load_benchmark("visual_match_readout")
+    rng = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 3, (300,), generator=rng)
+    signal = torch.nn.functional.one_hot(labels, 3).double() @ torch.randn(3, 16, generator=rng, dtype=torch.double)
+    noise = torch.randn(300, 16, generator=rng, dtype=torch.double)
+    assert readout.readout_accuracy(signal + 0.3 * noise, labels) > 0.95
+    assert readout.readout_accuracy(noise, labels) < 0.5  # nothing to read: about chance (1/3)
+
+    env_id = visual_match_id("passive", 5)
+    from chronomem.envs.make import make_env
+    from chronomem.rl.ppo import Args, make_agent
+
+    env = make_env(env_id)
+    args = Args(env=env_id, core="htm", dim=16, depth=1, heads=2, hidden=8, num_envs=2, num_minibatches=1,
+                device="cpu")
+    torch.manual_seed(0)
+    agent = make_agent(args, dict(chunk_size=8, memory_size=8, top_k=2, window=4), env.observation_space,
+                       env.action_space).eval()
+    env.close()
+    found = readout.read_out(agent, env_id, episodes=120, every=10)
+    rows = {row["step"]: row for row in found["readout"]}
+    assert found["reward_step"] == 20 and set(rows) == {0, 10, 14, 15, 19, 20, 30, 34}
+    assert rows[14]["encoder"] > 0.9  # the cue in view: an untrained encoder's features hold it
+    assert rows[20]["encoder"] < 0.6  # the reward room shows three colours, not which one
+    assert all(row["first_chunk"] == 0 for row in found["readout"] if row["step"] < 9)  # no complete chunk yet
+    assert rows[10]["first_chunk"] == pytest.approx(1.0)  # the only chunk: all the relevance
+    assert 0 <= found["choice_right"] <= 1
