@@ -8,7 +8,9 @@ Per step, a multinomial logistic regression learns the target colour (0-2) from 
 half of the episodes and is scored on the other half: chance is 1/3. Where the core's output holds the
 colour at the reward phase and the choice is still at chance, the memory carried the colour and the
 heads did not learn to use it; where it does not hold it, the memory lost it (or never stored it). The
-encoder's row is the control: it holds the colour while the cue is in view and not after. For an HTM
+encoder's row is the control: it holds the colour while the cue is in view and not after. Beside the
+core's readout, the share of the core output's variance that the colour explains (unscaled, as the heads
+see it): a colour that a readout finds can still be a small part of what the heads are given. For an HTM
 core, the last column is the relevance weight its read gives the episode's first chunk (the one holding
 the cue), averaged over episodes and layers: 0 where the chunk is not selected or not yet complete.
 
@@ -108,6 +110,16 @@ def readout_accuracy(features: Tensor, labels: Tensor, classes: int = 3, steps: 
             return float((readout(features[half:]).argmax(-1) == labels[half:]).double().mean())
 
 
+def colour_share(features: Tensor, labels: Tensor) -> float:
+    """The share of ``features [E, D]``'s variance (summed over dimensions, unscaled: as the heads see them)
+    that the colour explains: between-colour variance over total."""
+    features = features.double()
+    total = (features - features.mean(0)).square().sum()
+    between = sum((labels == c).sum() * (features[labels == c].mean(0) - features.mean(0)).square().sum()
+                  for c in labels.unique())
+    return float(between / total.clamp(min=1e-12))
+
+
 def read_out(agent: nn.Module, env_id: str, episodes: int, every: int, seed: int = 0) -> dict:
     """The readout's accuracy per step (every ``every`` steps and each phase's first and last), with the
     share of right choices."""
@@ -120,6 +132,7 @@ def read_out(agent: nn.Module, env_id: str, episodes: int, every: int, seed: int
     rows = [{"step": t, "phase": "explore" if t < EXPLORE else "distractor" if t < reward else "reward",
              "encoder": readout_accuracy(played["seen"][:, t], played["target"]),
              "core": readout_accuracy(played["held"][:, t], played["target"]),
+             "core_share": colour_share(played["held"][:, t], played["target"]),
              **({} if played["first_chunk"] is None else {"first_chunk": float(played["first_chunk"][:, t].mean())})}
             for t in marks]
     return {"env": env_id, "episodes": episodes, "choice_right": float(played["right"].mean()), "reward_step": reward,
@@ -159,24 +172,27 @@ def main(argv=None) -> None:
         print(f"{a.run}: per checkpoint, right choices of {a.episodes} episodes and the readout's held-out accuracy of "
               "the target colour (chance 33%) from the core's output at the cue's last step, the distractor's last "
               "and the reward phase's first; for HTM the first chunk's relevance there")
-        print("frames     right  cue    distractor  reward  first chunk")
+        print("frames     right  cue    distractor  reward  (variance share)  first chunk")
         for run in found:
             at = {row["step"]: row for row in run["readout"]}
             reward = run["reward_step"]
             cue = max(row["step"] for row in run["readout"] if row["phase"] == "explore")
             first = at[reward].get("first_chunk")
             print(f"{run['frames']:>9,}  {100 * run['choice_right']:>5.1f}  {100 * at[cue]['core']:>5.1f}  "
-                  f"{100 * at[reward - 1]['core']:>10.1f}  {100 * at[reward]['core']:>6.1f}"
+                  f"{100 * at[reward - 1]['core']:>10.1f}  {100 * at[reward]['core']:>6.1f}  "
+                  f"{100 * at[reward]['core_share']:>15.1f}%"
                   + ("" if first is None else f"  {first:>11.2f}"))
     else:
         run = found[0]
         print(f"{a.run} ({run['checkpoint']}): choice right in {100 * run['choice_right']:.1f}% of {a.episodes} "
               "episodes; held-out accuracy of a linear readout of the target colour (chance 33%):")
         rows = run["readout"]
-        print("step  phase       encoder  core" + ("  first chunk's relevance" if "first_chunk" in rows[0] else ""))
+        print("step  phase       encoder  core  core's variance from the colour"
+              + ("  first chunk's relevance" if "first_chunk" in rows[0] else ""))
         for row in rows:
-            print(f"{row['step']:>4}  {row['phase']:<10}  {100 * row['encoder']:>6.1f}  {100 * row['core']:>5.1f}"
-                  + (f"  {row['first_chunk']:.2f}" if "first_chunk" in row else ""))
+            print(f"{row['step']:>4}  {row['phase']:<10}  {100 * row['encoder']:>6.1f}  {100 * row['core']:>5.1f}  "
+                  f"{100 * row['core_share']:>30.1f}%"
+                  + (f"  {row['first_chunk']:>23.2f}" if "first_chunk" in row else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(found if a.all_checkpoints else found[0], f, indent=1)
