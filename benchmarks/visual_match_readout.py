@@ -12,9 +12,11 @@ encoder's row is the control: it holds the colour while the cue is in view and n
 core's readout, the share of the core output's variance that the colour explains (unscaled, as the heads
 see it): a colour that a readout finds can still be a small part of what the heads are given. For an HTM
 core, the last column is the relevance weight its read gives the episode's first chunk (the one holding
-the cue), averaged over episodes and layers: 0 where the chunk is not selected or not yet complete.
+the cue: memory slot 0, while an episode has made fewer chunks than the memory holds), averaged over
+episodes and layers: 0 where the chunk is not selected or not yet complete.
 
     python benchmarks/visual_match_readout.py RUN [--episodes 600] [--env ID] [--json OUT]
+    python benchmarks/visual_match_readout.py RUN --all-checkpoints --episodes 300   # over training
 
 RUN is a PPO run directory (its newest checkpoint) or one of its checkpoints. Passive Visual Match only
 (docs/rl.md, "What decides HTM's seeds").
@@ -96,6 +98,8 @@ def readout_accuracy(features: Tensor, labels: Tensor, classes: int = 3, steps: 
     features = (features - mean) / std
     with torch.enable_grad():
         readout = nn.Linear(features.shape[1], classes).double()
+        nn.init.zeros_(readout.weight)  # a convex fit: the same optimum from any start, so start at zero
+        nn.init.zeros_(readout.bias)
         optimiser = torch.optim.LBFGS(readout.parameters(), max_iter=steps, line_search_fn="strong_wolfe")
 
         def loss():

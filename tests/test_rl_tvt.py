@@ -292,6 +292,8 @@ def test_visual_match_readout_finds_the_colour_where_it_is_in_view():
     noise = torch.randn(300, 16, generator=rng, dtype=torch.double)
     assert readout.readout_accuracy(signal + 0.3 * noise, labels) > 0.95
     assert readout.readout_accuracy(noise, labels) < 0.5  # nothing to read: about chance (1/3)
+    assert readout.colour_share(signal, labels) == pytest.approx(1.0)  # all of the variance is the colour's
+    assert readout.colour_share(signal + 3 * noise, labels) < 0.2 < readout.colour_share(signal + 0.3 * noise, labels)
 
     env_id = visual_match_id("passive", 5)
     from chronomem.envs.make import make_env
