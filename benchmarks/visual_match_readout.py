@@ -62,26 +62,26 @@ def play(agent: nn.Module, env_id: str, episodes: int, seed: int = 0) -> dict:
         return mix(q, relevance, top_idx, *args, **kwargs)
 
     htm.mix_chunks = mix_recording  # HTMAttention.read calls it with the relevance of the selected chunks
-    state, right, done = agent.initial_state(episodes), np.zeros(episodes, dtype=bool), False
+    state, done = agent.initial_state(episodes), False
     try:
         while not done:
             batch = {key: torch.as_tensor(np.stack([obs[key] for obs in observations]))[:, None]
                      for key in observations[0]}
             logits, _, state = agent(batch, state)
             chosen = torch.multinomial(logits[:, 0].softmax(-1), 1, generator=actions)[:, 0]
-            steps = [env.step(int(a)) for env, a in zip(envs, chosen, strict=True)]
-            observations = [step[0] for step in steps]
-            ends = {bool(step[2] or step[3]) for step in steps}
+            results = [env.step(int(a)) for env, a in zip(envs, chosen, strict=True)]
+            observations = [result[0] for result in results]
+            ends = {bool(result[2] or result[3]) for result in results}
             if len(ends) > 1:
                 raise RuntimeError("the episodes of one batch ended at different steps")
             done = ends.pop()
-            right = np.array([bool(step[4].get("success", False)) for step in steps])
     finally:
         htm.mix_chunks = mix
         for hook in hooks:
             hook.remove()
         for env in envs:
             env.close()
+    right = np.array([bool(result[4].get("success", False)) for result in results])  # the last step's info
     steps = len(kept["held"])
     first_chunk = torch.stack(weights, 1).view(episodes, steps, -1).mean(-1) if weights else None
     return {"seen": torch.stack(kept["seen"], 1), "held": torch.stack(kept["held"], 1),
