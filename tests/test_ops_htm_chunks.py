@@ -8,12 +8,14 @@ from chronomem.htm import HierarchicalMemory
 from chronomem.ops.htm_chunks import (
     Accumulator,
     NewChunks,
+    append_step,
     call_chunks,
     call_chunks_reference,
     chunks_to_read,
     chunks_to_read_reference,
     commit_chunks,
     commit_chunks_reference,
+    complete_chunks,
 )
 from chronomem.ops.htm_local import call_episodes
 
@@ -161,3 +163,37 @@ def test_a_call_that_completes_no_chunk_reads_the_stored_ones():
     read = chunks_to_read(mem.ring, new, 1)
     assert read.mask is None and read.keys is mem.keys
     assert torch.equal(chunks_to_read_reference(mem.ring, new, 1), mem.valid[:, None, :])
+
+
+@pytest.mark.parametrize("overlap", [0, 2])
+def test_append_step_is_complete_chunks_without_a_chunk(overlap):
+    """``append_step`` (one select) == ``complete_chunks``'s accumulator for one step per row, from fills
+    0 to C - 2 (no chunk completes), after a commit (overlap carried) and after an episode end; the step
+    is stored detached."""
+    g = torch.Generator().manual_seed(3)
+    acc = random_accumulator(overlap, g)
+    acc = acc._replace(fill=torch.tensor([0, 1, C - 2]), carried=torch.tensor([0, min(overlap, 1), overlap]),
+                       accumulator=acc.accumulator * (torch.arange(C) < torch.tensor([[0], [1], [C - 2]]))[..., None])
+    x = torch.randn(B, 1, D, generator=g, dtype=torch.float64, requires_grad=True)
+    got = append_step(acc, x)
+    _, want = complete_chunks(acc, x, torch.ones(B, dtype=torch.long), overlap)
+    for name in Accumulator._fields:
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert not got.accumulator.requires_grad
+    assert torch.equal(got.accumulator[torch.arange(B), acc.fill], x.detach()[:, 0])
+
+
+def test_memory_append_step_equals_write_at_every_step():
+    """``HierarchicalMemory.append_step`` == ``write`` step after step, through chunks completing (the
+    general write) and steps that complete none (``append_step``), rows at different fills."""
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.tensor([[1, 1], [1, 0], [0, 0]]).bool()  # rows at fills 2, 1, 0
+    slow = HierarchicalMemory.empty(B, 3, C, D, overlap=1, dtype=torch.float64)
+    fast = slow = slow.write(torch.randn(B, 2, D, generator=g, dtype=torch.float64), mask=lengths)
+    for _ in range(3 * C + 1):
+        x = torch.randn(B, 1, D, generator=g, dtype=torch.float64)
+        fast, slow = fast.append_step(x), slow.write(x)
+        for name, want in slow.__dict__.items():
+            got = getattr(fast, name)
+            assert torch.equal(got, want) if torch.is_tensor(want) else got == want, name
+    assert slow.valid.all()

@@ -135,6 +135,7 @@ from chronomem.ops.htm_chunks import (
     NewChunks,
     ReadChunks,
     RingBuffer,
+    append_step,
     call_chunks,
     chunks_to_read,
     commit_chunks,
@@ -273,6 +274,14 @@ class HierarchicalMemory(RecurrentState):
         mem = mem.commit(new._replace(valid=valid))
         filling = filling._replace(accumulator=filling.accumulator.detach())  # the state holds no graph
         return replace(mem, **filling._asdict()), new
+
+    def append_step(self, x: Tensor) -> HierarchicalMemory:
+        """``write_chunks(x, ones)`` of one step per row, ``x [B, 1, D]`` without padding or episode end (an
+        agent acting): a step that completes no row's chunk (most of them) only joins the accumulator
+        (``ops.htm_chunks.append_step``); one that completes a chunk takes ``write_chunks``."""
+        if int(self.fill.max()) < self.chunk_size - 1:
+            return replace(self, **append_step(self.filling, x)._asdict())
+        return self.write_chunks(x, torch.ones_like(self.fill))[0]
 
     def commit(self, chunks: NewChunks) -> HierarchicalMemory:
         """Put the valid ``chunks`` into the ring buffer, in order (``ops.htm_chunks.commit_chunks``):
@@ -422,9 +431,9 @@ class HTMAttention(nn.Module):
         logits = logits.masked_fill(~visible, NEG)  # hide chunks BEFORE top-k
         top_logits, top_idx = logits.topk(k, dim=-1)  # [B, Q, k]
         top_visible = visible.gather(-1, top_idx)
-        # Softmax over the k selected logits only; hidden ones get zero weight, no chunk -> all zero.
-        weights = torch.softmax(top_logits.masked_fill(~top_visible, float("-inf")), dim=-1)
-        weights = torch.where(top_visible, weights, torch.zeros_like(weights))  # also clears NaN rows
+        # Softmax over the k selected logits only. A hidden chunk's logit is NEG, whose weight underflows
+        # to exactly 0 beside a visible one; the product zeroes a query's weights when none is visible.
+        weights = torch.softmax(top_logits, dim=-1) * top_visible
         if self.relevance_floor:  # deviation (option): every selected chunk keeps at least f / n of the read
             uniform = top_visible.to(weights.dtype)
             uniform = uniform / uniform.sum(-1, keepdim=True).clamp(min=1)
@@ -708,7 +717,6 @@ class HTMTransformer(CausalCore):
         its oldest step; an episode end at the step is ``state.reset`` after it (``CausalCore.forward``).
         The same outputs, state and gradients as the general path (tests/test_htm.py)."""
         cfg = self.config
-        one = torch.ones(x.shape[0], dtype=torch.long, device=x.device)
         local = step_layout(state.position, window=cfg.window, extra_length=cfg.extra_length, cache=self.cache_length)
         version = self._parameter_version()
         cached = self._cached_kv(state, version)
@@ -716,7 +724,7 @@ class HTMTransformer(CausalCore):
         for i, layer in enumerate(self.layers):
             memory = state.memories[0 if cfg.shared_memory else i]
             if i == 0 or not cfg.shared_memory:  # each layer stores its input (shared: the model's input)
-                memories.append(memory.write_chunks(x, one)[0])
+                memories.append(memory.append_step(x))
             chunks = ReadChunks(memory.keys, memory.contents, memory.slot_valid, memory.valid, None)
             context = torch.cat([state.caches[i].to(x.dtype), x], 1)
             caches.append(context[:, 1:])

@@ -7,6 +7,8 @@ This module builds those chunks and the mask of what each query may read:
 
 * ``complete_chunks``: the chunks that complete when a block of steps is appended, with whole-chunk
   tensor ops (no loop over steps).
+* ``append_step``: ``complete_chunks``'s accumulator for one step per row that completes no chunk (an agent's
+  step, most of them), in a few ops.
 * ``partial_chunk``: the chunk being filled, committed early at an episode end (empty slots masked).
 * ``call_chunks``: every chunk a call commits, in commit order, with the step that commits it and that
   step's episode: ``complete_chunks`` without episode ends; with them, every step's offset in its
@@ -146,6 +148,15 @@ def complete_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int,
     carried = torch.minimum(carried, new_fill)
     new = NewChunks(keys, contents, valid[..., None].expand(-1, -1, C), valid, end=end)
     return new, Accumulator(accumulator, new_fill, carried)
+
+
+def append_step(acc: Accumulator, x: Tensor) -> Accumulator:
+    """The accumulator after appending one step per row, ``x [B, 1, D]`` (detached), when no row's chunk
+    completes (every ``fill < C - 1``): ``complete_chunks(acc, x, ones, overlap)``'s, written as one
+    select into slot ``fill``. The slots past ``fill`` hold zeros already (every write leaves them so)
+    and ``carried <= fill`` stays."""
+    slot = torch.arange(acc.accumulator.shape[1], device=x.device) == acc.fill[:, None]  # [B, C]
+    return Accumulator(torch.where(slot[..., None], x.detach(), acc.accumulator), acc.fill + 1, acc.carried)
 
 
 def partial_chunk(acc: Accumulator, done: Tensor) -> NewChunks:
