@@ -198,6 +198,9 @@ def test_position_bias_matches_naive_pairs(table, n_q, n_k):
             want[..., i, j] = ((q[..., i, :] + ra.v) * r.view(H, Dh)).sum(-1) / math.sqrt(Dh)
     got = ra.position_bias(q, n_k, table=table)
     close(got, want, 1e-6)  # sinusoids are float32
+    with torch.inference_mode():  # kept outside autograd (in the form asked): the second call reads it
+        for _ in range(2):
+            close(ra.position_bias(q.detach(), n_k, table=table), want.detach(), 1e-6)
     grad_out = torch.randn_like(want)
     got_grads = torch.autograd.grad((got * grad_out).sum(), (q, ra.v, ra.to_r.weight))
     want_grads = torch.autograd.grad((want * grad_out).sum(), (q, ra.v, ra.to_r.weight))
