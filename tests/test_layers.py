@@ -5,14 +5,17 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from chronomem.checks import check_mask, check_tensor, check_token_ids, parameter_dtype
 from chronomem.layers import (
     CrossAttentionBlock,
+    FeedForward,
     MultiHeadAttention,
     RecurrentState,
     SelfAttentionBlock,
     causal_mask,
+    dropout_layer,
     masked_mean,
     pad_to_multiple,
     sinusoid_encoding,
@@ -233,3 +236,17 @@ def test_state_select_and_concat_split_and_join_the_batch():
         state.select(torch.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match="at least one"):
         concat_states([])
+
+
+def test_dropout_layer_at_zero_is_the_identity_and_keeps_the_parameters():
+    """``dropout_layer(0)`` dispatches nothing and equals ``nn.Dropout(0)``; any other rate is dropout. A
+    FeedForward built with it has the parameters (names, values) and, in eval mode, the outputs of one with dropout."""
+    x = torch.randn(4, 8)
+    assert isinstance(dropout_layer(0.0), nn.Identity) and torch.equal(dropout_layer(0.0)(x), nn.Dropout(0.0)(x))
+    assert isinstance(dropout_layer(0.5), nn.Dropout) and dropout_layer(0.5).p == 0.5
+    torch.manual_seed(0)
+    plain = FeedForward(8, dropout=0.0)
+    torch.manual_seed(0)
+    dropping = FeedForward(8, dropout=0.3).eval()
+    assert plain.state_dict().keys() == dropping.state_dict().keys()
+    assert torch.equal(plain(x), dropping(x))

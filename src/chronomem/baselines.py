@@ -51,6 +51,7 @@ from chronomem.layers import (
     RecurrentState,
     RelativeAttention,
     SelfAttentionBlock,
+    dropout_layer,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
 )
@@ -115,7 +116,7 @@ class Transformer(nn.Module):
             check_positive(cfg.max_len, "max_len")
         self.dim = self.out_dim = cfg.dim
         self.causal = bool(cfg.causal)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = dropout_layer(cfg.dropout)
         self.blocks = nn.ModuleList(
             SelfAttentionBlock(cfg.dim, cfg.num_heads, ff_mult=cfg.ff_mult, dropout=cfg.dropout)
             for _ in range(cfg.depth)
@@ -583,7 +584,7 @@ class TransformerXL(CausalCore):
         self.depth, self.segment_len, self.mem_len = cfg.depth, cfg.segment_len, cfg.mem_len
         self.causal = bool(cfg.causal)
         self.sliding = cfg.memory_mode == "sliding"
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = dropout_layer(cfg.dropout)
         self.layers = nn.ModuleList(
             XLLayer(cfg.dim, cfg.num_heads, ff_mult=cfg.ff_mult, dropout=cfg.dropout, gated=cfg.gated,
                     gate_bias=cfg.gate_bias)

@@ -70,6 +70,7 @@ from chronomem.layers import (
     CrossAttentionBlock,
     RecurrentState,
     SelfAttentionBlock,
+    dropout_layer,
     sinusoid_encoding,
     split_chunks,
 )
@@ -189,7 +190,7 @@ class BLRP(nn.Module):
             self.phi_backward = self.phi_forward
         encoding = sinusoid_encoding(cfg.segment_size, cfg.dim)  # 1D positions within a segment
         self.register_buffer("segment_encoding", encoding, persistent=False)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = dropout_layer(cfg.dropout)
         self.theta_self = nn.ModuleList(
             SelfAttentionBlock(cfg.dim, cfg.num_heads, **block) for _ in range(cfg.depth)
         )

@@ -87,6 +87,12 @@ def masked_mean(x: Tensor, mask: Tensor | None, dim: int = 1) -> Tensor:
 TRUNCATED_NORMAL_STD = 0.87962566103423978
 
 
+def dropout_layer(p: float) -> nn.Module:
+    """``nn.Dropout(p)``, or ``nn.Identity()`` at ``p = 0``: the same function, without an op to dispatch at
+    every call (an agent's acting step is mostly such small ops)."""
+    return nn.Dropout(p) if p else nn.Identity()
+
+
 @torch.no_grad()
 def variance_scaling_(linear: nn.Linear, scale: float) -> nn.Linear:
     """Initialise ``linear`` like Haiku's ``VarianceScaling(scale)`` (fan-in mode, truncated normal):
@@ -441,9 +447,9 @@ class FeedForward(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(dim, hidden),
             nn.GELU(approximate=gelu_approximate),
-            nn.Dropout(dropout),
+            dropout_layer(dropout),
             nn.Linear(hidden, dim),
-            nn.Dropout(dropout),
+            dropout_layer(dropout),
         )
 
     def forward(self, x: Tensor) -> Tensor:

@@ -101,6 +101,7 @@ from chronomem.layers import (
     CrossAttentionBlock,
     RecurrentState,
     SelfAttentionBlock,
+    dropout_layer,
     sinusoid_encoding,
 )
 from chronomem.ops.tlb_chunks import (
@@ -317,7 +318,7 @@ class TLB(CausalCore):
         self.register_buffer("slot_encoding", sinusoid_encoding(cfg.num_state, cfg.dim), persistent=False)
         self.register_buffer("chunk_encoding", sinusoid_encoding(cfg.chunk_size, cfg.dim), persistent=False)
 
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = dropout_layer(cfg.dropout)
         block = dict(
             ff_mult=cfg.ff_mult, dropout=cfg.dropout, qkv_dim=qkv_dim, attn_bias=cfg.attn_bias,
             norm_eps=cfg.norm_eps, gelu_approximate=cfg.gelu_approximate,
