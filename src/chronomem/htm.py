@@ -75,7 +75,8 @@ Options that depart from the paper (off by default; docs/htm.md gives the measur
   starts as Transformer-XL's local attention and FFN, and the read enters only as its gradient opens
   the gate. App. D.6's GTrXL gating of every sublayer is a different thing (the paper found it slower).
   On RL Visual Match it keeps the relevance from leaving the cue's chunk; the seeds that fail without it
-  still fail, the one that learns learns sooner (docs/rl.md, "What decides HTM's seeds").
+  still fail, the one that learns learns sooner, and over five seeds it is no better than the paper's
+  layer (docs/rl.md, "What decides HTM's seeds").
 * ``output_steps=r`` computes only the last ``r`` outputs of a call (a probe or questions read out
   at the end: App. B.4's PAI model, supervised Ballet), and the layers only what those need: the
   last layer's other steps are needed by no one (memory and cache store *inputs*), and with one
