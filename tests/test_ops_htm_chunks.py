@@ -167,9 +167,8 @@ def test_a_call_that_completes_no_chunk_reads_the_stored_ones():
 
 @pytest.mark.parametrize("overlap", [0, 2])
 def test_append_step_is_complete_chunks_without_a_chunk(overlap):
-    """``append_step`` (one select) == ``complete_chunks``'s accumulator for one step per row, from fills
-    0 to C - 2 (no chunk completes), after a commit (overlap carried) and after an episode end; the step
-    is stored detached."""
+    """``append_step`` (one select) == ``complete_chunks``'s accumulator for one step per row, rows at fills
+    0, 1 and C - 2 (no chunk completes; the last carrying the overlap); the step is stored detached."""
     g = torch.Generator().manual_seed(3)
     acc = random_accumulator(overlap, g)
     acc = acc._replace(fill=torch.tensor([0, 1, C - 2]), carried=torch.tensor([0, min(overlap, 1), overlap]),
@@ -187,9 +186,9 @@ def test_memory_append_step_equals_write_at_every_step():
     """``HierarchicalMemory.append_step`` == ``write`` step after step, through chunks completing (the
     general write) and steps that complete none (``append_step``), rows at different fills."""
     g = torch.Generator().manual_seed(4)
-    lengths = torch.tensor([[1, 1], [1, 0], [0, 0]]).bool()  # rows at fills 2, 1, 0
+    mask = torch.tensor([[1, 1], [1, 0], [0, 0]]).bool()  # rows at fills 2, 1, 0
     slow = HierarchicalMemory.empty(B, 3, C, D, overlap=1, dtype=torch.float64)
-    fast = slow = slow.write(torch.randn(B, 2, D, generator=g, dtype=torch.float64), mask=lengths)
+    fast = slow = slow.write(torch.randn(B, 2, D, generator=g, dtype=torch.float64), mask=mask)
     for _ in range(3 * C + 1):
         x = torch.randn(B, 1, D, generator=g, dtype=torch.float64)
         fast, slow = fast.append_step(x), slow.write(x)
