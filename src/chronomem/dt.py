@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from chronomem.checks import check_positive
+from chronomem.layers import dropout_layer
 
 __all__ = ["DecisionTransformer", "StateEncoder", "dt_tokens"]
 
@@ -107,7 +108,7 @@ class DecisionTransformer(nn.Module):
         self.action_embedding = nn.Embedding(num_actions, dim)
         self.position = nn.Parameter(torch.zeros(1, 3 * context, dim))  # the token's place in the window
         self.timestep = nn.Parameter(torch.zeros(max_timestep + 1, dim))  # the window's first step
-        self.drop = nn.Dropout(dropout)
+        self.drop = dropout_layer(dropout)
         self.norm = nn.LayerNorm(getattr(core, "out_dim", dim))
         self.head = nn.Linear(getattr(core, "out_dim", dim), num_actions, bias=False)
         self.apply(init_weights)
