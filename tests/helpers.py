@@ -46,3 +46,35 @@ def assert_cell_impls_agree(encoder: nn.Module, obs) -> None:
     torch.testing.assert_close(outputs[1], outputs[0])
     for folded, reference in zip(grads[1], grads[0], strict=True):
         torch.testing.assert_close(folded, reference, rtol=1e-4, atol=1e-5)
+
+
+def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch.Tensor, choices: set[str],
+                                   atol: float = 1e-5) -> None:
+    """``core`` acting one step at a time on ``x [B, N, D]`` (episode ends ``done [B, N]``), without
+    gradients, under ``torch.compile`` (``aot_eager``: traced, no code generated) gives eager's outputs
+    and states step after step, and its graph breaks only at the functions named in ``choices`` (those
+    that read values, ``torch.compiler.disable``d)."""
+    from torch._dynamo.utils import counters
+
+    from contract import assert_same_state
+
+    def act(x, state, done):
+        return core(x, state, done=done)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(act, backend="aot_eager")
+    eager_state = compiled_state = None
+    try:
+        with torch.inference_mode():
+            for t in range(x.shape[1]):
+                want, eager_state = act(x[:, t : t + 1], eager_state, done[:, t : t + 1])
+                got, compiled_state = compiled(x[:, t : t + 1], compiled_state, done[:, t : t + 1])
+                torch.testing.assert_close(got, want, atol=atol, rtol=atol, msg=f"output at step {t}")
+                assert_same_state(compiled_state, eager_state, atol, f"state after step {t}")
+        breaks = list(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
+    assert breaks, "no graph break: a choice is not where the test expects it"
+    unexpected = [reason for reason in breaks if not any(f".{name} " in reason for name in choices)]
+    assert not unexpected, unexpected

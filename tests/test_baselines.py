@@ -26,7 +26,7 @@ from chronomem.baselines import (
     relative_shift,
 )
 from chronomem.registry import get_model
-from helpers import assert_same_gradients
+from helpers import assert_compiled_acting_matches, assert_same_gradients
 
 torch.set_num_threads(1)
 
@@ -774,6 +774,19 @@ def test_transformer_step_under_autograd_gives_the_gradients_of_one_call():
     whole = torch.autograd.grad(model(x)[0].pow(2).sum(), [x, *model.parameters()])
     for a, b in zip(stepped, whole, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_compiled_xl_acting_step_breaks_only_for_its_choices(gated):
+    """Under ``torch.compile`` acting (sliding memory) gives eager's outputs and state, step after step
+    through an episode end, and its graph breaks only where values are read: the parameters' version
+    and ``_segment_choices`` (masks, cache); a graph concatenates instead of writing ``XLBuffers``."""
+    torch.manual_seed(1)
+    xl = _xl(memory_mode="sliding", gated=gated)
+    x = torch.randn(3, 9, 16)
+    done = torch.zeros(3, 9, dtype=torch.bool)
+    done[0, 3] = True
+    assert_compiled_acting_matches(xl, x, done, {"_segment_choices", "__call__"})
 
 
 @pytest.mark.parametrize("memory_mode", ["sliding", "segment"])

@@ -14,7 +14,7 @@ from chronomem.ops.htm_grouped import tile_pairs
 from chronomem.ops.htm_local import local_layout
 from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, READ_IMPLS
 from contract import assert_same_state
-from helpers import assert_same_gradients
+from helpers import assert_compiled_acting_matches, assert_same_gradients
 
 torch.set_num_threads(1)
 
@@ -737,6 +737,23 @@ def test_one_step_path_equals_the_general_path_with_gradients(options, monkeypat
     for got, want in zip(grads_stepped, grads_whole, strict=True):
         torch.testing.assert_close(got, want, atol=1e-9, rtol=0)
     assert grads_whole[0][:, :4].abs().sum() > 0
+
+
+@pytest.mark.parametrize("options", [{}, {"shared_memory": True, "window": 1, "extra_length": 2, "overlap": 1}])
+def test_a_compiled_acting_step_breaks_only_for_its_choices(options):
+    """Under ``torch.compile`` an acting step gives eager's outputs and state, step after step through
+    chunks that complete and an episode end, and its graph breaks only at ``_step_choices`` (the cached
+    keys and values, whether a chunk completes): the attention's empty rows, the chunk count, the commit
+    and the reset run inside the graph."""
+    torch.manual_seed(16)
+    model = HTMTransformer(**{**SMALL, **options}).eval()
+    x = torch.randn(3, 11, 16)
+    done = torch.zeros(3, 11, dtype=torch.bool)
+    done[1, 4] = True
+    assert_compiled_acting_matches(model, x, done, {"_step_choices"})
+    with torch.no_grad():
+        _, state = model(x)
+    assert state.memories[0].committed.min() >= 2  # chunks complete within the steps
 
 
 def test_registry_and_head():

@@ -15,6 +15,7 @@ from chronomem.ops.htm_chunks import (
     chunks_to_read_reference,
     commit_chunks,
     commit_chunks_reference,
+    commit_chunks_select,
     complete_chunks,
 )
 from chronomem.ops.htm_local import call_episodes
@@ -107,10 +108,12 @@ def stored_memory(keep, overlap, generator, lengths=(15, 6, 2)):
     return mem.write(torch.randn(B, 15, D, generator=generator, dtype=torch.float64), mask=mask)
 
 
-def test_commit_chunks_matches_the_reference():
-    """``commit_chunks`` (one indexed write per field, only the newest M of a call's chunks kept) ==
-    putting the valid chunks into the ring buffer one by one, more than M of them in a row included.
-    The fields stay contiguous (every step's read views the contents as ``[B * M, C, D]`` rows)."""
+@pytest.mark.parametrize("commit", [commit_chunks, commit_chunks_select])
+def test_commit_chunks_matches_the_reference(commit):
+    """``commit_chunks`` (one indexed write per field, only the newest M of a call's chunks kept) and
+    ``commit_chunks_select`` (what a compiled graph runs: a select per chunk column) == putting the valid
+    chunks into the ring buffer one by one, more than M of them in a row included. The fields stay
+    contiguous (every step's read views the contents as ``[B * M, C, D]`` rows)."""
     g = torch.Generator().manual_seed(4)
     mem = stored_memory(False, 0, g)
     K = 7
@@ -120,7 +123,7 @@ def test_commit_chunks_matches_the_reference():
     chunks = NewChunks(torch.randn(B, K, D, generator=g, dtype=torch.float64),
                        torch.randn(B, K, C, D, generator=g, dtype=torch.float64),
                        torch.rand(B, K, C, generator=g) < 0.7, valid)
-    got, want = commit_chunks(mem.ring, chunks), commit_chunks_reference(mem.ring, chunks)
+    got, want = commit(mem.ring, chunks), commit_chunks_reference(mem.ring, chunks)
     for name, tensor in want._asdict().items():
         assert torch.equal(getattr(got, name), tensor), name
         assert getattr(got, name).is_contiguous(), name

@@ -643,6 +643,18 @@ class TransformerXL(CausalCore):
             visible = (same if visible is None else same & visible)[:, None]
         return visible
 
+    @torch.compiler.disable
+    def _segment_choices(self, state: XLState, mask: Tensor | None, version: int) -> tuple[bool, bool, bool]:
+        """The choices of a segment that read values, made together outside ``torch.compile``'s graph (it
+        breaks here once; docs/rl.md, "Compiled"): whether every step is valid (``mask``), whether every
+        memory slot is too (then no key is masked), and whether the cached keys and values may be read:
+        without gradients (the parameters' gradient flows through W_kv LN(M)) and when every row's cache
+        was made with the present parameter values (``version``)."""
+        steps_valid = mask is None or bool(mask.all())
+        cached = state.kv is not None and not torch.is_grad_enabled() and bool(
+            ((state.kv_version == version) | ~state.valid.any(1)).all())
+        return steps_valid, steps_valid and bool(state.valid.all()), cached
+
     def segment(
         self,
         x: Tensor,
@@ -657,19 +669,16 @@ class TransformerXL(CausalCore):
         all). ``episode [B, M + L]``: episode numbers of the memory slots and the segment's steps (with
         done). ``version``: the parameters' (``_parameter_version``)."""
         batch, length = x.shape[:2]
-        all_valid = mask is None or bool(mask.all())
         key_valid = torch.cat([state.valid, x.new_ones(batch, length, dtype=torch.bool) if mask is None else mask], 1)
         keep = key_valid.shape[1] - self.mem_len  # the last mem_len steps become the next memory
         visible = self._visible(length, episode, x.device)
-        attended = None if all_valid and bool(state.valid.all()) else key_valid  # None: no key is masked
-        # The cached keys and values are read only without gradients (the parameters' gradient flows
-        # through W_kv LN(M)) and when every row's cache was made with the present parameter values.
-        cached = state.kv is not None and not torch.is_grad_enabled() and bool(
-            ((state.kv_version == version) | ~state.valid.any(1)).all())
+        all_valid, all_keys_valid, cached = self._segment_choices(state, mask, version)
+        attended = None if all_keys_valid else key_valid  # None: no key is masked
         # Acting (cached keys and values, every output read): write the segment after the memory in
-        # buffers with room to spare, in place of concatenating memory and segment (XLBuffers).
+        # buffers with room to spare, in place of concatenating memory and segment (XLBuffers). A compiled
+        # graph concatenates: the buffers' reuse is decided by their storage, which a graph does not see.
         buffers = None
-        if cached and outputs is None and self.mem_len:
+        if cached and outputs is None and self.mem_len and not torch.compiler.is_compiling():
             buffers = self._acting = XLBuffers.for_state(state, length, getattr(self, "_acting", None))
         h, inputs, kvs = self.drop(x), [], []
         for layer_index, layer in enumerate(self.layers):

@@ -28,6 +28,7 @@ registered core that is a ``CausalCore``, with no test file of its own.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from chronomem.checks import check_done, check_mask, check_tensor, parameter_dtype
@@ -56,7 +57,8 @@ class CausalCore(nn.Module):
                 done = done & mask  # a padded step is no step of an episode
         state = self.init_state(batch, x.device) if state is None else self.check_state(state, batch)
         y, state = self.scan(x, state, mask, self.inner_ends(done))
-        if done is not None and bool(done[:, -1].any()):  # the rows whose call ends an episode
+        # the rows whose call ends an episode (a compiled graph resets without asking: no branch on a value)
+        if done is not None and (torch.compiler.is_compiling() or bool(done[:, -1].any())):
             state = state.reset(done[:, -1])
         return y, state
 

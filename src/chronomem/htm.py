@@ -276,11 +276,15 @@ class HierarchicalMemory(RecurrentState):
         filling = filling._replace(accumulator=filling.accumulator.detach())  # the state holds no graph
         return replace(mem, **filling._asdict()), new
 
-    def append_step(self, x: Tensor) -> HierarchicalMemory:
+    def append_step(self, x: Tensor, completes: bool | None = None) -> HierarchicalMemory:
         """``write_chunks(x, ones)`` of one step per row, ``x [B, 1, D]`` without padding or episode end (an
         agent acting): a step that completes no row's chunk (most of them) only joins the accumulator
-        (``ops.htm_chunks.append_step``); one that completes a chunk takes ``write_chunks``."""
-        if int(self.fill.max()) < self.chunk_size - 1:
+        (``ops.htm_chunks.append_step``); one that completes a chunk takes ``write_chunks``. ``completes``:
+        whether a row's chunk may complete (None: read from ``fill``; True is always correct), for a
+        caller that decides once for several memories (``HTMTransformer``'s step)."""
+        if completes is None:
+            completes = bool((self.fill >= self.chunk_size - 1).any())
+        if not completes:
             return replace(self, **append_step(self.filling, x)._asdict())
         return self.write_chunks(x, torch.ones_like(self.fill))[0]
 
@@ -298,7 +302,7 @@ class HierarchicalMemory(RecurrentState):
         steps) when it holds a step not yet in memory. Rows are then cleared unless
         ``keep_across_episodes``; either way the next episode starts a new chunk.
         """
-        if not bool(done.any()):
+        if not torch.compiler.is_compiling() and not bool(done.any()):  # (a graph does not branch on values)
             return self
         mem = self.commit(partial_chunk(self.filling, done))
         mem = replace(mem, **mem.filling.cleared(done)._asdict())
@@ -710,6 +714,16 @@ class HTMTransformer(CausalCore):
             x = x * mask[..., None].to(x.dtype)
         return x, new_state
 
+    @torch.compiler.disable
+    def _step_choices(self, state: HTMTransformerState) -> tuple[int, tuple | None, bool]:
+        """The choices of an acting step that read values: the parameters' version, the cached keys and
+        values if the step may read them (``_cached_kv``), and whether a chunk completes in some row of some
+        memory (then every memory takes the general write). Made together, outside ``torch.compile``'s
+        graph, so that a compiled step breaks its graph here only (docs/rl.md, "Compiled")."""
+        version = self._parameter_version()
+        completes = bool((torch.stack([m.fill for m in state.memories]) >= self.config.chunk_size - 1).any())
+        return version, self._cached_kv(state, version), completes
+
     def _step(self, x: Tensor, state: HTMTransformerState):
         """``forward`` of one step per row without padding (an agent acting), with the per-call
         bookkeeping cut to what one step needs (the visibility rule of the module docstring, specialised):
@@ -718,14 +732,13 @@ class HTMTransformer(CausalCore):
         its oldest step; an episode end at the step is ``state.reset`` after it (``CausalCore.forward``).
         The same outputs, state and gradients as the general path (tests/test_htm.py)."""
         cfg = self.config
+        version, cached, completes = self._step_choices(state)
         local = step_layout(state.position, window=cfg.window, extra_length=cfg.extra_length, cache=self.cache_length)
-        version = self._parameter_version()
-        cached = self._cached_kv(state, version)
         memories, caches, keys_values = [], [], []
         for i, layer in enumerate(self.layers):
             memory = state.memories[0 if cfg.shared_memory else i]
             if i == 0 or not cfg.shared_memory:  # each layer stores its input (shared: the model's input)
-                memories.append(memory.append_step(x))
+                memories.append(memory.append_step(x, completes))
             chunks = ReadChunks(memory.keys, memory.contents, memory.slot_valid, memory.valid, None)
             context = torch.cat([state.caches[i].to(x.dtype), x], 1)
             caches.append(context[:, 1:])

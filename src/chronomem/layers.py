@@ -240,7 +240,8 @@ class MultiHeadAttention(nn.Module):
         else:
             attn = mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, dropout_p=dropout, is_causal=causal)
-        if empty_rows is not None and bool(empty_rows.any()):
+        # Eagerly the zeroing is skipped when no row is empty; a compiled graph always zeroes (no branch on a value).
+        if empty_rows is not None and (torch.compiler.is_compiling() or bool(empty_rows.any())):
             out = out.masked_fill(empty_rows.expand(out.shape[:-1] + (1,)), 0.0)
         return self.to_out(out.transpose(-3, -2).flatten(-2))
 
@@ -550,6 +551,7 @@ class ParameterVersion:
         self._values: list[Tensor] = []
         self._number = 0
 
+    @torch.compiler.disable  # it compares values: a compiled caller breaks its graph here, once
     def __call__(self, parameters) -> int:
         parameters = list(parameters)
         same = self._number and len(parameters) == len(self._values) and all(

@@ -15,8 +15,8 @@ This module builds those chunks and the mask of what each query may read:
   episode's stream says whether a chunk (full, or partial at an end) ends there, all steps at once.
   ``call_chunks_reference`` is a plain loop over the steps of each row.
 * ``commit_chunks``: the ring buffer after committing chunks in order (chunk number ``committed`` goes to
-  slot ``committed % M``, evicting the oldest) as one indexed write per field; ``commit_chunks_reference``
-  puts them one by one.
+  slot ``committed % M``, evicting the oldest) as one indexed write per field (under ``torch.compile``,
+  ``commit_chunks_select``: one select per chunk column); ``commit_chunks_reference`` puts them one by one.
 * ``chunks_to_read``: the stored chunks and the call's new ones, with the per-query mask of the
   visibility rule (``chronomem.htm``'s module docstring). ``chunks_to_read_reference`` replays the ring
   buffer for each query.
@@ -113,7 +113,10 @@ def complete_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int,
     fill = acc.fill
     total = fill + lengths  # [B] stream length per row
     count = torch.where(total >= C, torch.div(total - C, s, rounding_mode="floor") + 1, 0)  # [B]
-    k_max = int(count.max()) if B else 0
+    if torch.compiler.is_compiling():  # a graph has static shapes: the most chunks N steps can complete
+        k_max = (N - 1) // s + 1 if B and N else 0  # (every fill < C on entry), the rest of them invalid
+    else:
+        k_max = int(count.max()) if B else 0
     j = torch.arange(C, device=x.device)[None, :]
     if k_max == 0:  # no chunk completes (most steps of an agent): the steps only join the accumulator
         if N == 1:  # any slot index reads the one step
@@ -292,6 +295,8 @@ def commit_chunks(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
     M = memory.valid.shape[1]
     if chunks.valid.shape[1] == 0:
         return memory
+    if torch.compiler.is_compiling():  # the indexed write's shape depends on values: selects instead
+        return commit_chunks_select(memory, chunks)
     valid = chunks.valid
     count = valid.sum(1)  # [B]
     i = valid.long().cumsum(1) - 1  # commit rank of each valid chunk
@@ -312,6 +317,26 @@ def commit_chunks(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
     return RingBuffer(put(memory.keys, chunks.keys), put(memory.contents, chunks.contents),
                       put(memory.slot_valid, chunks.slots), put(memory.valid, keep), put(memory.chunk_id, ids),
                       memory.committed + count)
+
+
+def commit_chunks_select(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
+    """``commit_chunks`` without a shape that depends on values (what ``torch.compile`` runs): each column
+    of ``chunks`` in turn is selected into slot ``committed % M`` of the rows where it is valid. Every
+    column rewrites the whole ring, so it suits the few columns of an acting step (one)."""
+    fields = memory._asdict()
+    M = memory.valid.shape[1]
+    slots = torch.arange(M, device=memory.valid.device)
+    for j in range(chunks.valid.shape[1]):
+        n = fields["committed"]
+        at = (slots == (n % M)[:, None]) & chunks.valid[:, j, None]  # [B, M]: where column j goes
+        for name, new in (("keys", chunks.keys[:, j]), ("contents", chunks.contents[:, j]),
+                          ("slot_valid", chunks.slots[:, j]), ("valid", True), ("chunk_id", n)):
+            old = fields[name]
+            new = torch.as_tensor(new, device=old.device)
+            new = new.view(new.shape[:1] + (1,) + new.shape[1:]) if new.dim() else new  # [B, 1, ...]
+            fields[name] = torch.where(at.view(at.shape + (1,) * (old.dim() - 2)), new.to(old.dtype), old)
+        fields["committed"] = n + chunks.valid[:, j]
+    return RingBuffer(**fields)
 
 
 def commit_chunks_reference(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
