@@ -52,8 +52,11 @@ def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch
                                    atol: float = 1e-5) -> None:
     """``core`` acting one step at a time on ``x [B, N, D]`` (episode ends ``done [B, N]``), without
     gradients, under ``torch.compile`` (``aot_eager``: traced, no code generated) gives eager's outputs
-    and states step after step, and its graph breaks only at the functions named in ``choices`` (those
-    that read values, ``torch.compiler.disable``d)."""
+    and states step after step; its graph breaks only at the functions named in ``choices`` (those that
+    read values, ``torch.compiler.disable``d); and after its parameters change in place (an update) it acts
+    on without compiling again: two more passes over the steps from the state the first left, the
+    parameters moved before each, the last under ``error_on_recompile`` (the second compiled what the
+    changed parameters take: the cached keys and values refused once)."""
     from torch._dynamo.utils import counters
 
     from contract import assert_same_state
@@ -63,15 +66,23 @@ def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch
 
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(act, backend="aot_eager")
-    eager_state = compiled_state = None
+    compiled = torch.compile(act, backend="aot_eager", dynamic=False)  # static, as PPO compiles
+    first = (None, None)
     try:
-        with torch.inference_mode():
-            for t in range(x.shape[1]):
-                want, eager_state = act(x[:, t : t + 1], eager_state, done[:, t : t + 1])
-                got, compiled_state = compiled(x[:, t : t + 1], compiled_state, done[:, t : t + 1])
-                torch.testing.assert_close(got, want, atol=atol, rtol=atol, msg=f"output at step {t}")
-                assert_same_state(compiled_state, eager_state, atol, f"state after step {t}")
+        for attempt in range(3):
+            eager_state, compiled_state = first
+            if attempt:
+                with torch.no_grad():
+                    for p in core.parameters():
+                        p.add_(0.01 * torch.randn_like(p))  # an update, in place
+            with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=attempt == 2):
+                for t in range(x.shape[1]):
+                    want, eager_state = act(x[:, t : t + 1], eager_state, done[:, t : t + 1])
+                    got, compiled_state = compiled(x[:, t : t + 1], compiled_state, done[:, t : t + 1])
+                    torch.testing.assert_close(got, want, atol=atol, rtol=atol, msg=f"output at step {t}")
+                    assert_same_state(compiled_state, eager_state, atol, f"state after step {t}")
+            if not attempt:
+                first = (eager_state, compiled_state)
         breaks = list(counters["graph_break"])
     finally:
         torch._dynamo.reset()

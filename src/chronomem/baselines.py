@@ -603,11 +603,14 @@ class TransformerXL(CausalCore):
         return XLState(memory, torch.zeros(batch_size, self.mem_len, dtype=torch.bool, device=device), kv,
                        torch.zeros(batch_size, dtype=torch.long, device=device))
 
-    def _parameter_version(self) -> int:
+    @torch.compiler.disable
+    def _parameter_version(self) -> Tensor:
         """The number naming the current values of the parameters the memory's keys and values depend on
-        (each layer's ``norm_attn`` and ``to_kv``; ``layers.ParameterVersion``)."""
-        return self._kv_parameters(
-            p for layer in self.layers for m in (layer.norm_attn, layer.attn.kv_projection) for p in m.parameters())
+        (each layer's ``norm_attn`` and ``to_kv``; ``layers.ParameterVersion``), as a 0-d tensor: it compares
+        values, so a compiled call breaks its graph here and takes the number in as an input (a Python number
+        would be a constant of the graph, recompiled at every update)."""
+        return torch.tensor(self._kv_parameters(
+            p for layer in self.layers for m in (layer.norm_attn, layer.attn.kv_projection) for p in m.parameters()))
 
     def check_state(self, state, batch: int) -> XLState:
         if not isinstance(state, XLState):
@@ -644,7 +647,7 @@ class TransformerXL(CausalCore):
         return visible
 
     @torch.compiler.disable
-    def _segment_choices(self, state: XLState, mask: Tensor | None, version: int) -> tuple[bool, bool, bool]:
+    def _segment_choices(self, state: XLState, mask: Tensor | None, version: Tensor) -> tuple[bool, bool, bool]:
         """The choices of a segment that read values, made together outside ``torch.compile``'s graph (it
         breaks here once; docs/rl.md, "Compiled"): whether every step is valid (``mask``), whether every
         memory slot is too (then no key is masked), and whether the cached keys and values may be read:
@@ -662,7 +665,7 @@ class TransformerXL(CausalCore):
         mask: Tensor | None,
         outputs: int | None = None,
         episode: Tensor | None = None,
-        version: int = 0,
+        version: Tensor | int = 0,
     ) -> tuple[Tensor, XLState]:
         """One segment (Dai et al. Sec. 3.2): ``x [B, L, dim]``, ``mask [B, L]`` (None: all valid) -> outputs,
         next memory. ``outputs``: how many of the segment's last steps to compute in the last layer (None:

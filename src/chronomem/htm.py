@@ -622,13 +622,16 @@ class HTMTransformer(CausalCore):
         position = torch.zeros(batch_size, dtype=torch.long, device=device)
         return HTMTransformerState(memories, caches, position, keys_values, torch.zeros_like(position))
 
-    def _parameter_version(self) -> int:
+    @torch.compiler.disable
+    def _parameter_version(self) -> Tensor:
         """The number naming the present values of the parameters the local keys and values depend on
-        (each layer's ``norm_local`` and key-value projection; ``layers.ParameterVersion``)."""
-        return self._kv_parameters(
-            p for layer in self.layers for m in (layer.norm_local, layer.local.kv_projection) for p in m.parameters())
+        (each layer's ``norm_local`` and key-value projection; ``layers.ParameterVersion``), as a 0-d tensor:
+        it compares values, so a compiled call breaks its graph here and takes the number in as an input
+        (a Python number would be a constant of the graph, recompiled at every update)."""
+        return torch.tensor(self._kv_parameters(
+            p for layer in self.layers for m in (layer.norm_local, layer.local.kv_projection) for p in m.parameters()))
 
-    def _cached_kv(self, state: HTMTransformerState, version: int) -> tuple | None:
+    def _cached_kv(self, state: HTMTransformerState, version: Tensor) -> tuple | None:
         """The state's local keys and values if a call may read them: without gradients, and every row's
         computed with the present parameters (or holding no step of its episode yet)."""
         if state.keys_values is None or torch.is_grad_enabled():
@@ -637,7 +640,7 @@ class HTMTransformer(CausalCore):
             return None
         return state.keys_values
 
-    def _kept_kv(self, keys_values: list[Tensor], position: Tensor, version: int) -> tuple[tuple, Tensor]:
+    def _kept_kv(self, keys_values: list[Tensor], position: Tensor, version: Tensor) -> tuple[tuple, Tensor]:
         """The state's ``keys_values`` and ``kv_version`` from each layer's keys and values of the cache it
         leaves (``[B, L, 2 D]``; the running episode's steps are the last ``position`` slots): detached,
         zeros at the slots before the episode, as ``reset`` leaves them."""
@@ -715,7 +718,7 @@ class HTMTransformer(CausalCore):
         return x, new_state
 
     @torch.compiler.disable
-    def _step_choices(self, state: HTMTransformerState) -> tuple[int, tuple | None, bool]:
+    def _step_choices(self, state: HTMTransformerState) -> tuple[Tensor, tuple | None, bool]:
         """The choices of an acting step that read values: the parameters' version, the cached keys and
         values if the step may read them (``_cached_kv``), and whether a chunk completes in some row of some
         memory (then every memory takes the general write). Made together, outside ``torch.compile``'s
@@ -747,7 +750,7 @@ class HTMTransformer(CausalCore):
         position = state.position + 1
         if cached is not None:  # the cached slots before the episode are zeros already; the step is real
             return x, HTMTransformerState(tuple(memories), tuple(caches), position, tuple(keys_values),
-                                          torch.full_like(position, version))
+                                          torch.zeros_like(position) + version)
         return x, HTMTransformerState(tuple(memories), tuple(caches), position,
                                       *self._kept_kv(keys_values, position, version))
 

@@ -551,7 +551,6 @@ class ParameterVersion:
         self._values: list[Tensor] = []
         self._number = 0
 
-    @torch.compiler.disable  # it compares values: a compiled caller breaks its graph here, once
     def __call__(self, parameters) -> int:
         parameters = list(parameters)
         same = self._number and len(parameters) == len(self._values) and all(
