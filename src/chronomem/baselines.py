@@ -609,8 +609,9 @@ class TransformerXL(CausalCore):
         (each layer's ``norm_attn`` and ``to_kv``; ``layers.ParameterVersion``), as a 0-d tensor: it compares
         values, so a compiled call breaks its graph here and takes the number in as an input (a Python number
         would be a constant of the graph, recompiled at every update)."""
-        return torch.tensor(self._kv_parameters(
-            p for layer in self.layers for m in (layer.norm_attn, layer.attn.kv_projection) for p in m.parameters()))
+        parameters = [p for layer in self.layers for m in (layer.norm_attn, layer.attn.kv_projection)
+                      for p in m.parameters()]
+        return torch.tensor(self._kv_parameters(parameters), device=parameters[0].device)
 
     def check_state(self, state, batch: int) -> XLState:
         if not isinstance(state, XLState):

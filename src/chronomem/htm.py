@@ -628,8 +628,9 @@ class HTMTransformer(CausalCore):
         (each layer's ``norm_local`` and key-value projection; ``layers.ParameterVersion``), as a 0-d tensor:
         it compares values, so a compiled call breaks its graph here and takes the number in as an input
         (a Python number would be a constant of the graph, recompiled at every update)."""
-        return torch.tensor(self._kv_parameters(
-            p for layer in self.layers for m in (layer.norm_local, layer.local.kv_projection) for p in m.parameters()))
+        parameters = [p for layer in self.layers for m in (layer.norm_local, layer.local.kv_projection)
+                      for p in m.parameters()]
+        return torch.tensor(self._kv_parameters(parameters), device=parameters[0].device)
 
     def _cached_kv(self, state: HTMTransformerState, version: Tensor) -> tuple | None:
         """The state's local keys and values if a call may read them: without gradients, and every row's
