@@ -28,10 +28,10 @@ registered core that is a ``CausalCore``, with no test file of its own.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from chronomem.checks import check_done, check_mask, check_tensor, parameter_dtype
+from chronomem.layers import any_or_compiling
 
 __all__ = ["CausalCore"]
 
@@ -57,8 +57,7 @@ class CausalCore(nn.Module):
                 done = done & mask  # a padded step is no step of an episode
         state = self.init_state(batch, x.device) if state is None else self.check_state(state, batch)
         y, state = self.scan(x, state, mask, self.inner_ends(done))
-        # the rows whose call ends an episode (a compiled graph resets without asking: no branch on a value)
-        if done is not None and (torch.compiler.is_compiling() or bool(done[:, -1].any())):
+        if done is not None and any_or_compiling(done[:, -1]):  # the rows whose call ends an episode
             state = state.reset(done[:, -1])
         return y, state
 

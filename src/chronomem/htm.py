@@ -128,6 +128,7 @@ from chronomem.layers import (
     ParameterVersion,
     RecurrentState,
     RelativeAttention,
+    any_or_compiling,
     sinusoid_encoding,
     variance_scaling_,
 )
@@ -302,7 +303,7 @@ class HierarchicalMemory(RecurrentState):
         steps) when it holds a step not yet in memory. Rows are then cleared unless
         ``keep_across_episodes``; either way the next episode starts a new chunk.
         """
-        if not torch.compiler.is_compiling() and not bool(done.any()):  # (a graph does not branch on values)
+        if not any_or_compiling(done):
             return self
         mem = self.commit(partial_chunk(self.filling, done))
         mem = replace(mem, **mem.filling.cleared(done)._asdict())

@@ -240,8 +240,7 @@ class MultiHeadAttention(nn.Module):
         else:
             attn = mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, dropout_p=dropout, is_causal=causal)
-        # Eagerly the zeroing is skipped when no row is empty; a compiled graph always zeroes (no branch on a value).
-        if empty_rows is not None and (torch.compiler.is_compiling() or bool(empty_rows.any())):
+        if empty_rows is not None and any_or_compiling(empty_rows):
             out = out.masked_fill(empty_rows.expand(out.shape[:-1] + (1,)), 0.0)
         return self.to_out(out.transpose(-3, -2).flatten(-2))
 
@@ -575,6 +574,12 @@ def _map_tensors(value: Any, fn) -> Any:
         fields = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)}
         return dataclasses.replace(value, **fields)
     return value
+
+
+def any_or_compiling(flags: Tensor) -> bool:
+    """Whether some element of ``flags`` is True, for code that skips work no row needs; always True under
+    ``torch.compile``, where a graph does not branch on a value and takes the path that handles every row."""
+    return torch.compiler.is_compiling() or bool(flags.any())
 
 
 def clear_rows(t: Tensor, done: Tensor) -> Tensor:

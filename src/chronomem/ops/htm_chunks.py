@@ -323,20 +323,17 @@ def commit_chunks_select(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
     """``commit_chunks`` without a shape that depends on values (what ``torch.compile`` runs): each column
     of ``chunks`` in turn is selected into slot ``committed % M`` of the rows where it is valid. Every
     column rewrites the whole ring, so it suits the few columns of an acting step (one)."""
-    fields = memory._asdict()
-    M = memory.valid.shape[1]
-    slots = torch.arange(M, device=memory.valid.device)
+    keys, contents, slot_valid, valid, chunk_id, committed = memory
+    slots = torch.arange(valid.shape[1], device=valid.device)
     for j in range(chunks.valid.shape[1]):
-        n = fields["committed"]
-        at = (slots == (n % M)[:, None]) & chunks.valid[:, j, None]  # [B, M]: where column j goes
-        for name, new in (("keys", chunks.keys[:, j]), ("contents", chunks.contents[:, j]),
-                          ("slot_valid", chunks.slots[:, j]), ("valid", True), ("chunk_id", n)):
-            old = fields[name]
-            new = torch.as_tensor(new, device=old.device)
-            new = new.view(new.shape[:1] + (1,) + new.shape[1:]) if new.dim() else new  # [B, 1, ...]
-            fields[name] = torch.where(at.view(at.shape + (1,) * (old.dim() - 2)), new.to(old.dtype), old)
-        fields["committed"] = n + chunks.valid[:, j]
-    return RingBuffer(**fields)
+        at = (slots == (committed % valid.shape[1])[:, None]) & chunks.valid[:, j, None]  # [B, M]: column j's slot
+        keys = torch.where(at[..., None], chunks.keys[:, j, None].to(keys.dtype), keys)
+        contents = torch.where(at[..., None, None], chunks.contents[:, j, None].to(contents.dtype), contents)
+        slot_valid = torch.where(at[..., None], chunks.slots[:, j, None], slot_valid)
+        valid = valid | at
+        chunk_id = torch.where(at, committed[:, None], chunk_id)
+        committed = committed + chunks.valid[:, j]
+    return RingBuffer(keys, contents, slot_valid, valid, chunk_id, committed)
 
 
 def commit_chunks_reference(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
