@@ -89,3 +89,44 @@ def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch
     assert breaks, "no graph break: a choice is not where the test expects it"
     unexpected = [reason for reason in breaks if not any(f".{name} " in reason for name in choices)]
     assert not unexpected, unexpected
+
+
+def assert_compiled_learning_matches(core: nn.Module, x: torch.Tensor, done: torch.Tensor, atol: float = 1e-5) -> None:
+    """``core`` learning on ``x [B, N, D]`` with episode ends inside the call, as PPO replays a rollout (from
+    the state acting left, with gradients), under ``torch.compile`` (``aot_eager``, static, as PPO compiles)
+    gives eager's outputs, state and parameter gradients, in one graph (no break: nothing read from a
+    value); and a second rollout, from a later state with other episode ends (``done`` rolled along
+    time), runs under ``error_on_recompile``."""
+    from torch._dynamo.utils import counters
+
+    from contract import assert_same_state
+
+    def learn(x, state, done):
+        return core(x, state, done=done)
+
+    parameters = [p for p in core.parameters() if p.requires_grad]
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(learn, backend="aot_eager", dynamic=False)
+    start = None
+    try:
+        for rollout in range(2):
+            with torch.no_grad():  # the state the rollout starts from: what acting left
+                _, start = core(x, start, done=done.roll(rollout + 1, 1))
+            ends = done.roll(rollout, 1)
+            results = []
+            for fn in (learn, compiled):
+                with torch._dynamo.config.patch(error_on_recompile=rollout == 1):
+                    y, state = fn(x, start, ends)
+                grads = torch.autograd.grad(y.square().sum(), parameters, allow_unused=True)
+                results.append((y, state, grads))
+            (want, want_state, want_grads), (got, got_state, got_grads) = results
+            torch.testing.assert_close(got, want, atol=atol, rtol=atol, msg=f"outputs of rollout {rollout}")
+            assert_same_state(got_state, want_state, atol, f"state after rollout {rollout}")
+            for p, g, w in zip(parameters, got_grads, want_grads, strict=True):
+                g, w = (torch.zeros_like(p) if t is None else t for t in (g, w))
+                torch.testing.assert_close(g, w, atol=atol, rtol=atol, msg=f"a gradient, rollout {rollout}")
+        breaks = list(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
+    assert not breaks, breaks

@@ -25,8 +25,8 @@ from chronomem.baselines import (
     XLState,
     relative_shift,
 )
-from chronomem.registry import get_model
-from helpers import assert_compiled_acting_matches, assert_same_gradients
+from chronomem.registry import build_backbone, get_model
+from helpers import assert_compiled_acting_matches, assert_compiled_learning_matches, assert_same_gradients
 
 torch.set_num_threads(1)
 
@@ -780,13 +780,28 @@ def test_transformer_step_under_autograd_gives_the_gradients_of_one_call():
 def test_a_compiled_xl_acting_step_breaks_only_for_its_choices(gated):
     """Under ``torch.compile`` acting (sliding memory) gives eager's outputs and state, step after step
     through an episode end, and its graph breaks only where values are read: the parameters' version
-    and ``_segment_choices`` (masks, cache); a graph concatenates instead of writing ``XLBuffers``."""
+    and ``_read_segment_choices`` (masks, cache); a graph concatenates instead of writing ``XLBuffers``."""
     torch.manual_seed(1)
     xl = _xl(memory_mode="sliding", gated=gated)
     x = torch.randn(3, 9, 16)
     done = torch.zeros(3, 9, dtype=torch.bool)
     done[0, 3] = True
-    assert_compiled_acting_matches(xl, x, done, {"_segment_choices", "_parameter_version"})
+    assert_compiled_acting_matches(xl, x, done, {"_read_segment_choices", "_parameter_version"})
+
+
+@pytest.mark.parametrize("core", ["transformer-xl", "gtrxl", "mlp"])
+def test_a_compiled_learning_call_is_one_graph(core):
+    """Under ``torch.compile`` a learning call (a PPO replay with episode ends inside, from the state acting
+    left) gives eager's outputs, state and gradients in one graph (the episode ends taken without asking
+    whether there are any, the keys masked as the state says, the keys and values tagged 0 with
+    gradients), and another rollout with other episode ends does not compile again."""
+    torch.manual_seed(2)
+    options = {"memory_mode": "sliding", "mem_len": 6, "segment_len": 4} if core != "mlp" else {}
+    model = build_backbone(core, dim=16, depth=2, num_heads=2, causal=True, **options).double()
+    x = torch.randn(3, 9, 16, dtype=torch.float64)
+    done = torch.zeros(3, 9, dtype=torch.bool)
+    done[0, 3] = done[2, 1] = done[2, 6] = True
+    assert_compiled_learning_matches(model, x, done, atol=1e-9)
 
 
 @pytest.mark.parametrize("memory_mode", ["sliding", "segment"])

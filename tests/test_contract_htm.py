@@ -73,6 +73,7 @@ def test_cached_local_keys_equal_projected_ones(variant, monkeypatch):
     """Without gradients a call reads the state's local keys and values and projects only its own steps;
     with gradients, from a state without them, or after the parameters changed, it projects the caches:
     the same outputs and states either way (one-step acting with episode ends, a padded general call),
+    but for the tag: a call with gradients leaves its keys and values tagged 0, to be projected again;
     the cached values are ``W_kv LN(cache)`` at the episode's slots and zeros before it, and a stale
     cache is never read."""
     model = make(variant, 3, seed=19, extra_length=1)
@@ -100,7 +101,8 @@ def test_cached_local_keys_equal_projected_ones(variant, monkeypatch):
     y_grad, s_grad = model(x[:, 6:], state, done=done[:, 6:])  # with gradients: projected
     torch.testing.assert_close(y_call, y_grad.detach(), atol=1e-10, rtol=0)
     torch.testing.assert_close(y_cached, y_call[:, -1:], atol=1e-10, rtol=0)
-    assert_same_state(s_call, s_grad.detach(), atol=1e-10)
+    assert (s_call.kv_version > 0).any() and not s_grad.kv_version.any()  # learning leaves nothing to read
+    assert_same_state(s_call, dataclasses.replace(s_grad.detach(), kv_version=s_call.kv_version), atol=1e-10)
     assert_same_state(cached, s_call, atol=1e-10)
     for layer, cache, kv in zip(model.layers, cached.caches, cached.keys_values, strict=True):
         episode = (torch.arange(L)[None, :] >= L - cached.position[:, None])[..., None]

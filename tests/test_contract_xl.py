@@ -174,7 +174,8 @@ def test_registry_builders_pass_memory_mode(name):
 def test_cached_keys_equal_recomputed_ones(memory_mode):
     """Without gradients a call reads the state's cached keys and values; with gradients, from a state
     without a cache, or after the parameters changed, it recomputes them from the memory: same outputs
-    and states either way, and a stale cache is never read."""
+    and states either way (but for the tag: a call with gradients leaves its keys and values tagged 0,
+    to be recomputed), and a stale cache is never read."""
     torch.manual_seed(9)
     model = TransformerXL(dim=D, depth=2, num_heads=2, segment_len=2, mem_len=5, gated=True,
                           memory_mode=memory_mode).double()
@@ -190,7 +191,7 @@ def test_cached_keys_equal_recomputed_ones(memory_mode):
     torch.testing.assert_close(y_plain, y_grad.detach(), atol=1e-10, rtol=0)
     for a, b in zip(s_cached.kv, s_grad.kv, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
-    assert torch.equal(s_cached.kv_version, s_grad.kv_version)
+    assert (s_cached.kv_version > 0).all() and not s_grad.kv_version.any()  # learning leaves nothing to read
     with torch.no_grad():  # an optimiser step: the cache in `state` is stale now
         model.layers[1].attn.attn.to_kv.weight.add_(0.5)
         model.layers[0].norm_attn.bias.add_(0.5)

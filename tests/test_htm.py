@@ -14,7 +14,7 @@ from chronomem.ops.htm_grouped import tile_pairs
 from chronomem.ops.htm_local import local_layout
 from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, READ_IMPLS
 from contract import assert_same_state
-from helpers import assert_compiled_acting_matches, assert_same_gradients
+from helpers import assert_compiled_acting_matches, assert_compiled_learning_matches, assert_same_gradients
 
 torch.set_num_threads(1)
 
@@ -754,6 +754,23 @@ def test_a_compiled_acting_step_breaks_only_for_its_choices(options):
     with torch.no_grad():
         _, state = model(x)
     assert state.memories[0].committed.min() >= 2  # chunks complete within the steps
+
+
+@pytest.mark.parametrize("options", [{"memory_gradient": True},
+                                     {"shared_memory": True, "overlap": 1, "keep_across_episodes": True}])
+def test_a_compiled_learning_call_is_one_graph(options):
+    """Under ``torch.compile`` a learning call (a PPO replay: 17 steps with episode ends inside, from the
+    state acting left) gives eager's outputs, state and gradients in one graph, and another rollout with
+    other episode ends does not compile again: the episodes' numbering, the chunks a call commits (a
+    column per step), the dense read (every chunk scored) and the keys and values' tag (0 with
+    gradients) are decided without reading a value."""
+    torch.manual_seed(17)
+    model = HTMTransformer(**{**SMALL, **options}).double()
+    x = torch.randn(3, 17, 16, dtype=torch.float64)
+    done = torch.zeros(3, 17, dtype=torch.bool)
+    done[1, 4] = done[0, 12] = done[2, 2] = done[2, 5] = True
+    assert 17 >= DENSE_MIN_QUERIES  # the read a long call takes
+    assert_compiled_learning_matches(model, x, done, atol=1e-9)
 
 
 def test_registry_and_head():

@@ -51,6 +51,7 @@ from chronomem.layers import (
     RecurrentState,
     RelativeAttention,
     SelfAttentionBlock,
+    cache_version,
     dropout_layer,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
@@ -647,8 +648,16 @@ class TransformerXL(CausalCore):
             visible = (same if visible is None else same & visible)[:, None]
         return visible
 
-    @torch.compiler.disable
     def _segment_choices(self, state: XLState, mask: Tensor | None, version: Tensor) -> tuple[bool, bool, bool]:
+        """Whether every step is valid (``mask``), whether every memory slot is too (then no key is masked),
+        and whether the cached keys and values may be read (``_read_segment_choices``). A compiled call with
+        gradients decides without reading a value (no cache to read; the keys masked as the state says)."""
+        if torch.compiler.is_compiling() and torch.is_grad_enabled():
+            return mask is None, False, False
+        return self._read_segment_choices(state, mask, version)
+
+    @torch.compiler.disable
+    def _read_segment_choices(self, state: XLState, mask: Tensor | None, version: Tensor) -> tuple[bool, bool, bool]:
         """The choices of a segment that read values, made together outside ``torch.compile``'s graph (it
         breaks here once; docs/rl.md, "Compiled"): whether every step is valid (``mask``), whether every
         memory slot is too (then no key is masked), and whether the cached keys and values may be read:
@@ -734,7 +743,7 @@ class TransformerXL(CausalCore):
         # state belongs to episode 0, the episode running when the call starts.
         episode = None if done is None else torch.cat(
             [done.new_zeros(batch, self.mem_len, dtype=torch.long), done.long().cumsum(1) - done.long()], 1)
-        version = self._parameter_version()
+        version = cache_version(self._parameter_version, x)
         outputs = []
         for start in range(0, n, self.segment_len):
             stop = min(n, start + self.segment_len)

@@ -63,8 +63,9 @@ class CausalCore(nn.Module):
 
     @staticmethod
     def inner_ends(done: Tensor | None) -> Tensor | None:
-        """``done`` without its last step, or None when no episode ends before the call's last step."""
-        if done is None or done.shape[1] == 1 or not bool(done[:, :-1].any()):
+        """``done`` without its last step, or None when no episode ends before the call's last step (under
+        ``torch.compile`` only a one-step call's None: a graph does not branch on the dones' values)."""
+        if done is None or done.shape[1] == 1 or not any_or_compiling(done[:, :-1]):
             return None
         inner = done.clone()
         inner[:, -1] = False

@@ -129,6 +129,7 @@ from chronomem.layers import (
     RecurrentState,
     RelativeAttention,
     any_or_compiling,
+    cache_version,
     sinusoid_encoding,
     variance_scaling_,
 )
@@ -633,9 +634,11 @@ class HTMTransformer(CausalCore):
                       for p in m.parameters()]
         return torch.tensor(self._kv_parameters(parameters), device=parameters[0].device)
 
+    @torch.compiler.disable
     def _cached_kv(self, state: HTMTransformerState, version: Tensor) -> tuple | None:
         """The state's local keys and values if a call may read them: without gradients, and every row's
-        computed with the present parameters (or holding no step of its episode yet)."""
+        computed with the present parameters (or holding no step of its episode yet). It reads values: a
+        compiled call without gradients breaks its graph here."""
         if state.keys_values is None or torch.is_grad_enabled():
             return None
         if not bool(((state.kv_version == version) | (state.position == 0)).all()):
@@ -679,8 +682,8 @@ class HTMTransformer(CausalCore):
         if start and mask is not None and not bool(mask.all()):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
         window = dict(window=cfg.window, extra_length=cfg.extra_length)
-        version = self._parameter_version()
-        cached = self._cached_kv(state, version)
+        version = cache_version(self._parameter_version, state.position)
+        cached = None if torch.is_grad_enabled() else self._cached_kv(state, version)
         memories, caches, keys_values = [], [], []
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs
             stored, shared = self._store_and_read(state.memories[0], x, lengths, episodes)
@@ -725,7 +728,7 @@ class HTMTransformer(CausalCore):
         values if the step may read them (``_cached_kv``), and whether a chunk completes in some row of some
         memory (then every memory takes the general write). Made together, outside ``torch.compile``'s
         graph, so that a compiled step breaks its graph here only (docs/rl.md, "Compiled")."""
-        version = self._parameter_version()
+        version = cache_version(self._parameter_version, state.position)
         completes = bool((torch.stack([m.fill for m in state.memories]) >= self.config.chunk_size - 1).any())
         return version, self._cached_kv(state, version), completes
 

@@ -561,6 +561,18 @@ class ParameterVersion:
         return self._number
 
 
+def cache_version(parameter_version, like: Tensor) -> Tensor:
+    """The number a call tags the keys and values it caches in its state with: ``parameter_version()`` (a
+    core's ``ParameterVersion`` as a 0-d tensor, read eagerly: a compiled graph breaks there) without
+    gradients; 0 (names nothing) with gradients, decided without reading a value, so that a learning call
+    compiles whole. A call with gradients reads no cached keys and values (the gradient flows through their
+    projection), and the parameters it used are about to change (an optimiser step): the next call without
+    gradients projects what it leaves again. ``like``: a tensor on the parameters' device."""
+    if torch.is_grad_enabled():
+        return like.new_zeros((), dtype=torch.long)
+    return parameter_version()
+
+
 def _map_tensors(value: Any, fn) -> Any:
     if isinstance(value, Tensor):
         return fn(value)

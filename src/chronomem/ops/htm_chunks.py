@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from chronomem.layers import any_or_compiling
 from chronomem.ops.htm_local import Episodes
 
 
@@ -223,7 +224,9 @@ def call_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int, epis
         return torch.where(used, index, C + N)
 
     # The chunks, each row's first, in commit order (a stable sort keeps the steps' order).
-    order = torch.sort((~commits).to(torch.uint8), dim=1, stable=True).indices[:, : int(commits.sum(1).max())]
+    # (under torch.compile every step's column, the non-committing ones invalid: a graph has static shapes)
+    most = N if torch.compiler.is_compiling() else int(commits.sum(1).max())
+    order = torch.sort((~commits).to(torch.uint8), dim=1, stable=True).indices[:, :most]
     valid, length = commits.gather(1, order), chunk_length.gather(1, order)
     j = torch.arange(C, device=x.device)
     slots = valid[..., None] & (j < length[..., None])  # [B, K, C]
@@ -244,7 +247,7 @@ def call_chunks(acc: Accumulator, x: Tensor, lengths: Tensor, overlap: int, epis
     accumulator = source.gather(1, index[..., None].expand(B, C, D))
     filled = Accumulator(accumulator, fill, torch.where(ended, 0, torch.minimum(carried.gather(1, last)[:, 0], fill)))
     empty = lengths == 0  # no step appended: the accumulator as it was
-    if bool(empty.any()):
+    if any_or_compiling(empty):
         filled = Accumulator(torch.where(empty[:, None, None], acc.accumulator, filled.accumulator),
                              torch.where(empty, acc.fill, filled.fill), torch.where(empty, acc.carried, filled.carried))
     return new, filled

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from chronomem.checks import check_mask
+from chronomem.layers import any_or_compiling
 
 
 def prefix_lengths(mask: Tensor | None, batch: int, n: int, device) -> Tensor:
@@ -103,11 +104,11 @@ class Episodes:
 def call_episodes(done: Tensor | None, lengths: Tensor, position: Tensor, cache: int) -> Episodes | None:
     """The ``Episodes`` of a call with ``done [B, N]`` (checked), ``lengths [B]`` valid steps, ``position
     [B]`` at its start and ``cache`` cached steps; a done at a padded step is ignored. None when no
-    valid step ends an episode (the common case: nothing to number)."""
+    valid step ends an episode (the common case: nothing to number; under ``torch.compile`` numbered anyway)."""
     if done is None:
         return None
     done = done & (torch.arange(done.shape[1], device=done.device)[None, :] < lengths[:, None])
-    if not bool(done.any()):
+    if not any_or_compiling(done):
         return None
     return Episodes.of(done, position, cache)
 
@@ -279,7 +280,7 @@ def local_attention_reference(attention, context: Tensor, mask: Tensor) -> Tenso
 def last_steps(seq: Tensor, lengths: Tensor, n: int) -> Tensor:
     """The last ``n`` of the first ``lengths[b]`` steps of each row of ``seq [B, T, D]``."""
     B, T, D = seq.shape
-    if n == 0 or bool((lengths == T).all()):  # no padding: a slice
+    if n == 0 or (not torch.compiler.is_compiling() and bool((lengths == T).all())):  # no padding: a slice
         return seq[:, T - n :]
     idx = lengths[:, None] - n + torch.arange(n, device=seq.device)[None, :]
     return seq.gather(1, idx[..., None].expand(B, n, D))

@@ -94,7 +94,9 @@ def mix_chunks(
     if dropout:  # the fused kernels have no attention dropout
         impl = "reference"
     readable = None
-    if impl == "dense" or (impl == "auto" and Q >= DENSE_MIN_QUERIES):
+    if torch.compiler.is_compiling():  # static shapes: each query's k chunks, or every chunk if asked (dense)
+        impl = "gather" if impl in ("auto", "grouped") else impl
+    elif impl == "dense" or (impl == "auto" and Q >= DENSE_MIN_QUERIES):
         readable = visible.any(1).any(0).nonzero()[:, 0]  # the chunks some query may read
     if impl == "auto":
         if readable is not None and len(readable) <= DENSE_CHUNKS_PER_K * k:
@@ -105,7 +107,7 @@ def mix_chunks(
             impl = "gather"
     if impl == "dense":
         dense_weights = weights.new_zeros(B, Q, M).scatter(-1, top_idx, weights)
-        if len(readable) < M:
+        if readable is not None and len(readable) < M:
             contents, slot_valid = contents[:, readable], slot_valid[:, readable]
             dense_weights, visible = dense_weights[..., readable], visible[..., readable]
         slots = prepare_slots(contents, norm, slot_encoding)
@@ -358,12 +360,13 @@ def mix_chunks_dense(
     # split, not a slice per group: the backward of a slice zero-fills a gradient the size of all of q
     groups = zip(*(t.split(query_group, dim=1) for t in (q, weights, visible)), strict=True)
     for g_q, g_weights, g_visible in groups:
-        chunks = g_visible.any(1).any(0).nonzero()[:, 0]  # the chunks this group may read
-        if len(chunks) == 0:  # nothing to read: a zero read
-            mixed.append(torch.zeros_like(g_q))
-            continue
         g_slots, g_valid = slots, slot_valid
-        if len(chunks) < slots.shape[1]:
+        if not torch.compiler.is_compiling():  # (a graph has static shapes: it scores every chunk)
+            chunks = g_visible.any(1).any(0).nonzero()[:, 0]  # the chunks this group may read
+            if len(chunks) == 0:  # nothing to read: a zero read
+                mixed.append(torch.zeros_like(g_q))
+                continue
+        if not torch.compiler.is_compiling() and len(chunks) < slots.shape[1]:
             g_weights, g_slots, g_valid = g_weights[..., chunks], slots[:, chunks], slot_valid[:, chunks]
         M, C = g_slots.shape[1:3]
         block = max(1, block_bytes // (g_q.shape[1] * H * M * C * q.element_size()))
