@@ -21,7 +21,8 @@ An agent drives its memory core in two ways (docs/design.md, "Episode boundaries
   backward of ``mean(y^2)``, without and with episode ends inside it (``done``, each step with
   probability 1/64); the ratio is (with dones) / (without). A core that refuses ``done`` (an
   exception on the first call) is listed with "refuses done" and its message (segment-mode
-  Transformer-XL refuses it by design).
+  Transformer-XL refuses it by design). With ``--compile BACKEND`` the call with dones also runs under
+  ``torch.compile(backend=BACKEND, dynamic=False)`` (PPO's replay), its ratio to the eager one beside it.
 
 Cores and options are in ``CORES`` (registry names; Transformer-XL and GTrXL in the agents' sliding
 memory and in the default segment recurrence, memory 64 and 256 steps; HTM holding 256 steps in its
@@ -226,10 +227,12 @@ def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1
 
 
 def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, length=128, fill=1024, repeats=5,
-                  seed=0) -> list[dict]:
+                  seed=0, compile_backend: str | None = None) -> list[dict]:
     """One row per core: ``ms`` of the rollout call without dones, ``ms_done`` with dones and ``ratio``
     (with / without); ``done_support`` False (``ms_done`` and ``ratio`` None, ``error`` the message)
-    when the core raised on ``done``."""
+    when the core raised on ``done``. With ``compile_backend`` each core that takes done is followed by
+    its compiled twin's row (``torch.compile(dynamic=False)``, as PPO compiles its replay; timed with dones
+    only): ``ms_done``, ``ratio`` to the eager ``ms_done``, ``max_diff`` of its outputs from eager's."""
     models, states = _cores_and_states(cores, dim, depth, heads, batch, fill, seed)
     generator = torch.Generator().manual_seed(seed + 2)
     x = torch.randn(batch, length, dim, generator=generator)
@@ -241,12 +244,21 @@ def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, leng
             time_learning(model, states[index], x, done)
         except (TypeError, ValueError, NotImplementedError) as err:
             errors[index] = f"{type(err).__name__}: {err}"
+    compiled = {}
+    if compile_backend is not None:
+        for index, model in enumerate(models):
+            if index not in errors:
+                compiled[index] = torch.compile(model, backend=compile_backend, dynamic=False)
+                time_learning(compiled[index], states[index], x, done)  # the warm-up compiles
     plain, with_done = [[] for _ in cores], [[] for _ in cores]
+    compiled_done = {index: [] for index in compiled}
     for _ in range(repeats):
         for index, model in enumerate(models):
             plain[index].append(time_learning(model, states[index], x, None))
             if index not in errors:
                 with_done[index].append(time_learning(model, states[index], x, done))
+            if index in compiled:
+                compiled_done[index].append(time_learning(compiled[index], states[index], x, done))
     rows = []
     for index, core in enumerate(cores):
         ms = 1000 * statistics.median(plain[index])
@@ -254,12 +266,20 @@ def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, leng
         rows.append({
             "core": core.name,
             "options": core.label,
+            "compiled": None,
             "ms": ms,
             "ms_done": ms_done,
             "ratio": None if ms_done is None else ms_done / ms,
             "done_support": index not in errors,
             "error": errors.get(index),
         })
+        if index in compiled:
+            fast = 1000 * statistics.median(compiled_done[index])
+            eager_y = models[index](x, state=states[index], done=done)[0]
+            compiled_y = compiled[index](x, state=states[index], done=done)[0]
+            rows.append({"core": core.name, "options": core.label, "compiled": compile_backend, "ms": None,
+                         "ms_done": fast, "ratio": fast / ms_done, "done_support": True, "error": None,
+                         "max_diff": float((compiled_y - eager_y).detach().abs().max())})
     return rows
 
 
@@ -280,6 +300,11 @@ def format_acting(rows: list[dict]) -> str:
 def format_learning(rows: list[dict]) -> str:
     lines = [f"{'core':16s} {'options':42s} {'ms':>8s} {'ms done':>8s} {'ratio':>6s}"]
     for r in rows:
+        if r.get("compiled"):
+            tail = (f"{r['ms_done']:8.1f} {r['ratio']:6.2f}  compiled ({r['compiled']}): x its eager ms done, "
+                    f"max |difference| {r['max_diff']:.1e}")
+            lines.append(f"{r['core']:16s} {r['options']:42s} {'':>8s} {tail}")
+            continue
         if r["done_support"]:
             tail = f"{r['ms_done']:8.1f} {r['ratio']:6.2f}"
         else:
@@ -303,7 +328,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--learn-repeats", type=int, default=5, help="timed repeats of the learning path")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--compile", default=None, metavar="BACKEND",
-                   help="also time each core's acting step under torch.compile(backend=BACKEND), e.g. inductor")
+                   help="also time each core's acting step and learning call (with dones) under "
+                   "torch.compile(backend=BACKEND), e.g. inductor")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="OUT", help="write the config and both tables here")
     return p
@@ -325,6 +351,9 @@ def main(argv: list[str] | None = None) -> dict:
     width = dict(dim=args.dim, depth=args.depth, heads=args.heads, batch=args.batch, fill=args.fill, seed=args.seed)
     start = time.perf_counter()
     measured = Measured(log=print).start()
+    # Every core's call is CausalCore.forward, whose compiled variants (a module, a shape, grad mode each)
+    # dynamo counts together: past its limit of 8 it runs the rest eagerly. Room for every row's.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(CORES))
     acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, compile_backend=args.compile, **width)
     print(f"acting: x [{args.batch}, 1, {args.dim}], depth {args.depth}, {args.heads} heads, state after "
           f"{args.fill} steps, {torch.get_num_threads()} thread(s), inference_mode, median of {args.repeats} "
@@ -332,7 +361,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(format_acting(acting))
     learning = []
     if args.rollout:
-        learning = learning_rows(cores, length=args.rollout, repeats=args.learn_repeats, **width)
+        learning = learning_rows(cores, length=args.rollout, repeats=args.learn_repeats,
+                                 compile_backend=args.compile, **width)
         print(f"\nlearning: x [{args.batch}, {args.rollout}, {args.dim}] from the state after {args.fill} "
               f"steps, forward + backward, dones with p = {DONE_PROBABILITY:.4f} per step, median of "
               f"{args.learn_repeats}")

@@ -88,6 +88,17 @@ def test_compiled_rows_follow_their_eager_rows_with_the_outputs_compared(monkeyp
     assert rows[1]["max_diff"] == pytest.approx(1.0)
 
 
+def test_compiled_learning_rows_follow_their_eager_rows():
+    cores = core_step.select_cores(["transformer-xl"])[:2]  # the LSTM and the sliding Transformer-XL
+    rows = core_step.learning_rows(cores, length=8, repeats=1, compile_backend="eager", **TINY)
+    assert [(r["core"], r["compiled"]) for r in rows] == [("lstm", None), ("lstm", "eager"),
+                                                          ("transformer-xl", None), ("transformer-xl", "eager")]
+    for eager, compiled in zip(rows[::2], rows[1::2], strict=True):
+        assert compiled["max_diff"] < 1e-5 and compiled["ms"] is None
+        assert compiled["ratio"] == pytest.approx(compiled["ms_done"] / eager["ms_done"])
+    assert "compiled (eager)" in core_step.format_learning(rows).splitlines()[2]
+
+
 def test_acting_rows_need_the_reference():
     with pytest.raises(ValueError, match="reference 'lstm'"):
         core_step.acting_rows([c for c in core_step.CORES if c.name == "mem-rnn"], steps=1, repeats=1, **TINY)

@@ -183,3 +183,37 @@ def test_mix_chunks_paths_match_the_reference(impl, transform, Q, device):
     for a, b in zip(*grads, strict=True):
         assert b.abs().max() > 0
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("impl", ["auto", "dense"])
+def test_a_compiled_mix_is_one_graph_with_the_references_values(impl):
+    """Under ``torch.compile`` (``fullgraph``: a break is an error) ``mix_chunks`` picks no chunk by value
+    ("auto" gathers each query's k, "dense" scores every chunk) and gives the reference's values and
+    gradients, for a call long enough that eagerly "auto" would take the dense path."""
+    g = torch.Generator().manual_seed(9)
+    B, Q, H, M, C, D, k = 2, 20, 2, 6, 4, 6, 2
+    contents = torch.randn(B, M, C, D, generator=g, dtype=torch.float64, requires_grad=True)
+    slot_valid = torch.rand(B, M, C, generator=g) > 0.3
+    slot_valid[..., -1] = True
+    visible = torch.rand(B, Q, M, generator=g) > 0.2
+    visible[..., -1] = False  # a chunk no query may read: eagerly dense drops it, compiled it weighs zero
+    top_idx = torch.randn(B, Q, M, generator=g).masked_fill(~visible, -1e9).topk(k, -1).indices
+    weights = torch.softmax(torch.randn(B, Q, k, generator=g, dtype=torch.float64), -1)
+    weights = torch.where(visible.gather(-1, top_idx), weights, 0.0).requires_grad_(True)
+    q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    encoding = torch.randn(C, D, generator=g, dtype=torch.float64)
+
+    def mix(q, weights, contents, name):
+        return mix_chunks(q, weights, top_idx, contents, slot_valid, visible, impl=name, norm=True,
+                          slot_encoding=encoding)
+
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(mix, backend="aot_eager", fullgraph=True, dynamic=False)(q, weights, contents, impl)
+    finally:
+        torch._dynamo.reset()
+    want = mix(q, weights, contents, "reference")
+    torch.testing.assert_close(got, want)
+    for a, b in zip(*(torch.autograd.grad(out.square().sum(), (q, weights, contents)) for out in (got, want)),
+                    strict=True):
+        torch.testing.assert_close(a, b)

@@ -423,10 +423,10 @@ class XLState(RecurrentState):
 
     ``kv`` (one ``[B, mem_len, 2 dim]`` per layer) caches every layer's keys and values of its memory (``W_kv LN(M)``,
     zero at invalid slots) and ``kv_version [B]`` names the parameter values they were computed with
-    (0: a row with no valid slot). A call without gradients (acting) reads them instead of projecting
-    the whole memory again; a call with gradients, or after the parameters changed, recomputes them
-    from ``memory``. Same numbers either way. (A state built from ``memory`` and ``valid`` alone has no
-    cache and is recomputed.)
+    (0: a row with no valid slot, or a call with gradients made them: ``layers.cache_version``). A call
+    without gradients (acting) reads them instead of projecting the whole memory again; a call with
+    gradients, or after the parameters changed, recomputes them from ``memory``. Same numbers either way.
+    (A state built from ``memory`` and ``valid`` alone has no cache and is recomputed.)
     """
 
     memory: Tensor

@@ -489,11 +489,11 @@ class HTMTransformerState(RecurrentState):
     ``keys_values`` (one ``[B, L, 2 D]`` per layer) holds the local attention's keys and values of each
     cache (``W_kv LN(cache)``, detached; zeros before the episode's first step), and ``kv_version [B]``
     the number of the parameter values they were computed with (``layers.ParameterVersion``; 0 for a
-    row with no step of its episode yet). A call without gradients reads them instead of projecting
-    the cache again when every row's number is the module's present one; a call with gradients (the
-    gradient flows through ``W_kv LN(cache)`` into the parameters and the cache), or after the
-    parameters changed, projects the cache. Same numbers either way. None (a state built by hand):
-    projected."""
+    row with no step of its episode yet, or when a call with gradients made them: ``layers.cache_version``).
+    A call without gradients reads them instead of projecting the cache again when every row's number is
+    the module's present one; a call with gradients (the gradient flows through ``W_kv LN(cache)`` into
+    the parameters and the cache), or after the parameters changed, projects the cache. Same numbers
+    either way. None (a state built by hand): projected."""
 
     memories: tuple
     caches: tuple

@@ -25,7 +25,9 @@ on ``HTMAttention`` / ``HTMLayer`` / ``HTMTransformer``):
   ``DENSE_CHUNKS_PER_K * top_k`` chunks in all (a long call over a short memory), else grouped when
   they select each chunk at least a tile's worth of times on average (``Q * k >= tile_pairs(H) * M``:
   a long call over a long memory, as in 16k-step training; with fewer, the tiles are mostly padding
-  and the gather is as fast or faster); gather otherwise (an agent's step).
+  and the gather is as fast or faster); gather otherwise (an agent's step). Under ``torch.compile``
+  "auto" and "grouped" are gather, and dense scores every chunk: a graph has static shapes, and the
+  chunks the others keep are picked by value (docs/rl.md, "Compiled").
 
 ``tests/test_ops_htm_mix.py`` checks each fast path against the reference (values, gradients,
 gradcheck); timings are in docs/htm.md.
