@@ -683,6 +683,7 @@ class HTMTransformer(CausalCore):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
         window = dict(window=cfg.window, extra_length=cfg.extra_length)
         version = cache_version(self._parameter_version, state.position)
+        # (a learning call reads no cache: decided here, not in the disabled _cached_kv, so its graph is whole)
         cached = None if torch.is_grad_enabled() else self._cached_kv(state, version)
         memories, caches, keys_values = [], [], []
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs

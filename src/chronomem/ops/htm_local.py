@@ -280,7 +280,7 @@ def local_attention_reference(attention, context: Tensor, mask: Tensor) -> Tenso
 def last_steps(seq: Tensor, lengths: Tensor, n: int) -> Tensor:
     """The last ``n`` of the first ``lengths[b]`` steps of each row of ``seq [B, T, D]``."""
     B, T, D = seq.shape
-    if n == 0 or (not torch.compiler.is_compiling() and bool((lengths == T).all())):  # no padding: a slice
+    if n == 0 or not any_or_compiling(lengths != T):  # no padding: a slice
         return seq[:, T - n :]
     idx = lengths[:, None] - n + torch.arange(n, device=seq.device)[None, :]
     return seq.gather(1, idx[..., None].expand(B, n, D))

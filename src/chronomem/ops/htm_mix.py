@@ -368,8 +368,8 @@ def mix_chunks_dense(
             if len(chunks) == 0:  # nothing to read: a zero read
                 mixed.append(torch.zeros_like(g_q))
                 continue
-        if not torch.compiler.is_compiling() and len(chunks) < slots.shape[1]:
-            g_weights, g_slots, g_valid = g_weights[..., chunks], slots[:, chunks], slot_valid[:, chunks]
+            if len(chunks) < slots.shape[1]:
+                g_weights, g_slots, g_valid = g_weights[..., chunks], slots[:, chunks], slot_valid[:, chunks]
         M, C = g_slots.shape[1:3]
         block = max(1, block_bytes // (g_q.shape[1] * H * M * C * q.element_size()))
         mixed.append(_MixChunksDense.apply(g_q, g_weights, g_slots, g_valid, block))
