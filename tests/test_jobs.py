@@ -211,3 +211,38 @@ def test_decision_transformer_resumes_from_its_recorded_runs(tmp_path, monkeypat
     monkeypatch.setattr(decision_transformer, "train_and_play", not_again)
     again = run_experiment(experiment, "smoke", tmp_path / "out", seed=0, progress=False, resume=True)
     assert again["results"] == first["results"] and again["per_seed"] == first["per_seed"]
+
+
+def test_the_costliest_jobs_start_first_and_the_results_keep_the_jobs_order(monkeypatch):
+    from chronomem.experiments import jobs as jobs_module
+
+    assert jobs_module.start_order(4, None) == [0, 1, 2, 3]
+    assert jobs_module.start_order(5, [1, 3, float("inf"), 3, 2]) == [2, 1, 3, 4, 0]  # ties keep their order
+    with pytest.raises(ValueError, match="cost must give one number per job"):
+        jobs_module.start_order(3, [1, 2])
+    submitted = []
+
+    class Pool:  # records the submission order; runs each job at once
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, function, job):
+            from concurrent.futures import Future
+
+            submitted.append(job)
+            future = Future()
+            future.set_result(function(job))
+            return future
+
+    import concurrent.futures
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    got = Jobs(2).map(where, [10, 20, 30, 40], cost=[1, 4, 2, 3])
+    assert submitted == [20, 40, 30, 10]
+    assert [item for item, _, _ in got] == [10, 20, 30, 40]

@@ -54,12 +54,15 @@ class Jobs:
         """``jobs`` as a ``Jobs``: an int is the number of processes, one torch thread each."""
         return jobs if isinstance(jobs, Jobs) else cls(check_jobs(jobs))
 
-    def map(self, function: Callable[[Any], Any], jobs: Sequence[Any]) -> list:
+    def map(self, function: Callable[[Any], Any], jobs: Sequence[Any], cost: Sequence[float] | None = None) -> list:
         """``[function(job) for job in jobs]``, in ``self.processes`` processes.
 
         ``function`` must be defined at a module's top level and every job picklable (a process is
         started with ``spawn``). A job that raises stops the ones not yet started and the error
-        reaches the caller (the running ones finish first)."""
+        reaches the caller (the running ones finish first). ``cost`` (one number per job, e.g. its
+        frames): in processes, the costliest jobs start first (``start_order``), so that the last
+        one to end is a short one and the processes finish close together; one at a time, and in
+        the results, the jobs keep their order."""
         jobs = list(jobs)
         if self.processes == 1:
             return [function(job) for job in jobs]
@@ -70,16 +73,28 @@ class Jobs:
 
         with ProcessPoolExecutor(min(self.processes, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
                                  initializer=start_worker, initargs=(self.threads,)) as pool:
-            futures = [pool.submit(function, job) for job in jobs]
+            futures = {i: pool.submit(function, jobs[i]) for i in start_order(len(jobs), cost)}
             try:
-                return [future.result() for future in futures]
+                return [futures[i].result() for i in range(len(jobs))]
             except BaseException:
-                for future in futures:
+                for future in futures.values():
                     future.cancel()
                 raise
 
 
 SEQUENTIAL = Jobs()
+
+
+def start_order(count: int, cost: Sequence[float] | None) -> list[int]:
+    """The order in which ``Jobs.map`` starts ``count`` jobs: the costliest first (longest processing
+    time first: with K processes the makespan is then within 4/3 of the best possible), ties and no
+    ``cost`` in the jobs' own order."""
+    if cost is None:
+        return list(range(count))
+    cost = list(cost)
+    if len(cost) != count:
+        raise ValueError(f"cost must give one number per job ({count}), got {len(cost)}")
+    return sorted(range(count), key=lambda i: -cost[i])
 
 
 def _with_threads(threads: int, function: Callable[[Any], Any], jobs: list) -> list:

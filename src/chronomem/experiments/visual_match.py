@@ -209,7 +209,10 @@ def _run(scale: str, out: Path, seed: int, models: tuple[str, ...] | None = None
     controls = [job(control_env, s.control_frames, m, r, out / "control") for m in chosen for r in seeds
                 if s.control_frames]
     runs = [job(env(d), s.frames(d), m, r, out / f"d{d}") for m in chosen for d in s.distractors for r in seeds]
-    done = iter(jobs.map(_train_and_evaluate, [*controls, *runs]))
+    # in processes, the controls start first (the table means nothing unless they are learned), then the
+    # longest runs (Jobs.map's cost: the processes finish close together)
+    cost = [float("inf")] * len(controls) + [job.run.frames for job in runs]
+    done = iter(jobs.map(_train_and_evaluate, [*controls, *runs], cost=cost))
     control_rows = {m: [next(done) for _ in seeds] for m in chosen} if controls else {}
     results, per_seed, extra = {}, {}, {"runs": {}, "apples": {}}
     for model in chosen:
