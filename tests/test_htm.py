@@ -740,17 +740,18 @@ def test_one_step_path_equals_the_general_path_with_gradients(options, monkeypat
 
 
 @pytest.mark.parametrize("options", [{}, {"shared_memory": True, "window": 1, "extra_length": 2, "overlap": 1}])
-def test_a_compiled_acting_step_breaks_only_for_its_choices(options):
+def test_a_compiled_acting_step_is_one_graph(options):
     """Under ``torch.compile`` an acting step gives eager's outputs and state, step after step through
-    chunks that complete and an episode end, and its graph breaks only at ``_step_choices`` (the cached
-    keys and values, whether a chunk completes): the attention's empty rows, the chunk count, the commit
-    and the reset run inside the graph."""
+    chunks that complete and an episode end, in one graph: the choices an eager step reads from values
+    (``_read_step_choices``: the cached keys and values, whether a chunk completes) are made from shapes
+    (no cache read, the general write), and the attention's empty rows, the chunk count, the commit and
+    the reset run inside the graph."""
     torch.manual_seed(16)
     model = HTMTransformer(**{**SMALL, **options}).eval()
     x = torch.randn(3, 11, 16)
     done = torch.zeros(3, 11, dtype=torch.bool)
     done[1, 4] = True
-    assert_compiled_acting_matches(model, x, done, {"_step_choices", "_parameter_version"})
+    assert_compiled_acting_matches(model, x, done)
     with torch.no_grad():
         _, state = model(x)
     assert state.memories[0].committed.min() >= 2  # chunks complete within the steps

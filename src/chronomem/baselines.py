@@ -423,9 +423,10 @@ class XLState(RecurrentState):
 
     ``kv`` (one ``[B, mem_len, 2 dim]`` per layer) caches every layer's keys and values of its memory (``W_kv LN(M)``,
     zero at invalid slots) and ``kv_version [B]`` names the parameter values they were computed with
-    (0: a row with no valid slot, or a call with gradients made them: ``layers.cache_version``). A call
-    without gradients (acting) reads them instead of projecting the whole memory again; a call with
-    gradients, or after the parameters changed, recomputes them from ``memory``. Same numbers either way.
+    (0: a row with no valid slot, or a call with gradients or a compiled one made them:
+    ``layers.cache_version``). An eager call without gradients (acting) reads them instead of projecting
+    the whole memory again; a call with gradients, a compiled one, or one after the parameters changed
+    recomputes them from ``memory``. Same numbers either way.
     (A state built from ``memory`` and ``valid`` alone has no cache and is recomputed.)
     """
 
@@ -650,9 +651,10 @@ class TransformerXL(CausalCore):
 
     def _segment_choices(self, state: XLState, mask: Tensor | None, version: Tensor) -> tuple[bool, bool, bool]:
         """Whether every step is valid (``mask``), whether every memory slot is too (then no key is masked),
-        and whether the cached keys and values may be read (``_read_segment_choices``). A compiled call with
-        gradients decides without reading a value (no cache to read; the keys masked as the state says)."""
-        if torch.compiler.is_compiling() and torch.is_grad_enabled():
+        and whether the cached keys and values may be read (``_read_segment_choices``). A compiled call
+        decides without reading a value: no cache read (``layers.reads_cached_kv``), the keys masked as the
+        state says, the steps as ``mask`` says."""
+        if torch.compiler.is_compiling():
             return mask is None, False, False
         return self._read_segment_choices(state, mask, version)
 

@@ -130,6 +130,7 @@ from chronomem.layers import (
     RelativeAttention,
     any_or_compiling,
     cache_version,
+    reads_cached_kv,
     sinusoid_encoding,
     variance_scaling_,
 )
@@ -489,9 +490,10 @@ class HTMTransformerState(RecurrentState):
     ``keys_values`` (one ``[B, L, 2 D]`` per layer) holds the local attention's keys and values of each
     cache (``W_kv LN(cache)``, detached; zeros before the episode's first step), and ``kv_version [B]``
     the number of the parameter values they were computed with (``layers.ParameterVersion``; 0 for a
-    row with no step of its episode yet, or when a call with gradients made them: ``layers.cache_version``).
-    A call without gradients reads them instead of projecting the cache again when every row's number is
-    the module's present one; a call with gradients (the gradient flows through ``W_kv LN(cache)`` into
+    row with no step of its episode yet, or when a call with gradients or a compiled one made them:
+    ``layers.cache_version``). An eager call without gradients reads them instead of projecting the cache
+    again when every row's number is the module's present one; a compiled call projects it again; a call
+    with gradients (the gradient flows through ``W_kv LN(cache)`` into
     the parameters and the cache), or after the parameters changed, projects the cache. Same numbers
     either way. None (a state built by hand): projected."""
 
@@ -639,7 +641,7 @@ class HTMTransformer(CausalCore):
         """The state's local keys and values if a call may read them: without gradients, and every row's
         computed with the present parameters (or holding no step of its episode yet). It reads values: a
         compiled call without gradients breaks its graph here."""
-        if state.keys_values is None or torch.is_grad_enabled():
+        if state.keys_values is None or not reads_cached_kv():
             return None
         if not bool(((state.kv_version == version) | (state.position == 0)).all()):
             return None
@@ -683,8 +685,9 @@ class HTMTransformer(CausalCore):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
         window = dict(window=cfg.window, extra_length=cfg.extra_length)
         version = cache_version(self._parameter_version, state.position)
-        # (a learning call reads no cache: decided here, not in the disabled _cached_kv, so its graph is whole)
-        cached = None if torch.is_grad_enabled() else self._cached_kv(state, version)
+        # (a learning or compiled call reads no cache: decided here, not in the disabled _cached_kv, so its
+        # graph is whole)
+        cached = self._cached_kv(state, version) if reads_cached_kv() else None
         memories, caches, keys_values = [], [], []
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs
             stored, shared = self._store_and_read(state.memories[0], x, lengths, episodes)
@@ -723,12 +726,19 @@ class HTMTransformer(CausalCore):
             x = x * mask[..., None].to(x.dtype)
         return x, new_state
 
-    @torch.compiler.disable
     def _step_choices(self, state: HTMTransformerState) -> tuple[Tensor, tuple | None, bool]:
-        """The choices of an acting step that read values: the parameters' version, the cached keys and
-        values if the step may read them (``_cached_kv``), and whether a chunk completes in some row of some
-        memory (then every memory takes the general write). Made together, outside ``torch.compile``'s
-        graph, so that a compiled step breaks its graph here only (docs/rl.md, "Compiled")."""
+        """The choices of an acting step: the parameters' version, the cached keys and values if the step
+        may read them (``_cached_kv``), and whether a chunk completes in some row of some memory (then every
+        memory takes the general write). Eagerly they read values (``_read_step_choices``); compiled, the
+        step reads no cache and takes the general write, which is always correct, so that its graph is whole
+        (``layers.reads_cached_kv``; docs/rl.md, "Compiled")."""
+        if torch.compiler.is_compiling():
+            return state.position.new_zeros(()), None, True
+        return self._read_step_choices(state)
+
+    @torch.compiler.disable
+    def _read_step_choices(self, state: HTMTransformerState) -> tuple[Tensor, tuple | None, bool]:
+        """``_step_choices`` made eagerly, reading values together (outside any graph)."""
         version = cache_version(self._parameter_version, state.position)
         completes = bool((torch.stack([m.fill for m in state.memories]) >= self.config.chunk_size - 1).any())
         return version, self._cached_kv(state, version), completes

@@ -563,14 +563,23 @@ class ParameterVersion:
 
 def cache_version(parameter_version, like: Tensor) -> Tensor:
     """The number a call tags the keys and values it caches in its state with: ``parameter_version()`` (a
-    core's ``ParameterVersion`` as a 0-d tensor, read eagerly: a compiled graph breaks there) without
-    gradients; 0 (names nothing) with gradients, decided without reading a value, so that a learning call
-    compiles whole. A call with gradients reads no cached keys and values (the gradient flows through their
-    projection), and the parameters it used are about to change (an optimiser step): the next call without
-    gradients projects what it leaves again. ``like``: a tensor on the parameters' device."""
-    if torch.is_grad_enabled():
+    core's ``ParameterVersion`` as a 0-d tensor, read eagerly) in an eager call without gradients; 0 (names
+    nothing) with gradients or under ``torch.compile``, decided without reading a value, so that the call
+    compiles whole. Such a call reads no cached keys and values (``reads_cached_kv``) and the next eager
+    call without gradients projects what it leaves again: with gradients, the gradient flows through their
+    projection and the parameters are about to change (an optimiser step); compiled, the parameters'
+    version is not a value a graph can read. ``like``: a tensor on the parameters' device."""
+    if not reads_cached_kv():
         return like.new_zeros((), dtype=torch.long)
     return parameter_version()
+
+
+def reads_cached_kv() -> bool:
+    """Whether a call may read the keys and values a core cached in its state (after checking their
+    version): eagerly and without gradients (an agent acting, an evaluation). A call with gradients
+    projects them again for the gradient; a compiled one projects them again so that its graph reads no
+    value to decide (one graph per acting step, which CUDA graphs can replay; docs/rl.md, "Compiled")."""
+    return not (torch.is_grad_enabled() or torch.compiler.is_compiling())
 
 
 def _map_tensors(value: Any, fn) -> Any:
