@@ -84,8 +84,8 @@ def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch
                 for t in range(x.shape[1]):
                     step = (x[:, t : t + 1], done[:, t : t + 1])
                     if t == x.shape[1] - 1:  # an eager step from the compiled state: the cache projected again
-                        torch.testing.assert_close(act(*step[:1], compiled_state, step[1])[0],
-                                                   act(*step[:1], eager_state, step[1])[0], atol=atol, rtol=atol)
+                        torch.testing.assert_close(act(step[0], compiled_state, step[1])[0],
+                                                   act(step[0], eager_state, step[1])[0], atol=atol, rtol=atol)
                     want, eager_state = act(step[0], eager_state, step[1])
                     got, compiled_state = compiled(step[0], compiled_state, step[1])
                     torch.testing.assert_close(got, want, atol=atol, rtol=atol, msg=f"output at step {t}")

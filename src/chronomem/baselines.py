@@ -53,6 +53,7 @@ from chronomem.layers import (
     SelfAttentionBlock,
     cache_version,
     dropout_layer,
+    reads_cached_kv,
     relative_shift,  # re-exported: it lived here before HTM shared it
     sinusoid_from_positions,
 )
@@ -660,13 +661,13 @@ class TransformerXL(CausalCore):
 
     @torch.compiler.disable
     def _read_segment_choices(self, state: XLState, mask: Tensor | None, version: Tensor) -> tuple[bool, bool, bool]:
-        """The choices of a segment that read values, made together outside ``torch.compile``'s graph (it
-        breaks here once; docs/rl.md, "Compiled"): whether every step is valid (``mask``), whether every
+        """The choices of an eager segment, which read values (made together; a compiled call decides from
+        shapes, ``_segment_choices``): whether every step is valid (``mask``), whether every
         memory slot is too (then no key is masked), and whether the cached keys and values may be read:
         without gradients (the parameters' gradient flows through W_kv LN(M)) and when every row's cache
         was made with the present parameter values (``version``)."""
         steps_valid = mask is None or bool(mask.all())
-        cached = state.kv is not None and not torch.is_grad_enabled() and bool(
+        cached = state.kv is not None and reads_cached_kv() and bool(
             ((state.kv_version == version) | ~state.valid.any(1)).all())
         return steps_valid, steps_valid and bool(state.valid.all()), cached
 

@@ -639,8 +639,8 @@ class HTMTransformer(CausalCore):
     @torch.compiler.disable
     def _cached_kv(self, state: HTMTransformerState, version: Tensor) -> tuple | None:
         """The state's local keys and values if a call may read them: without gradients, and every row's
-        computed with the present parameters (or holding no step of its episode yet). It reads values: a
-        compiled call without gradients breaks its graph here."""
+        computed with the present parameters (or holding no step of its episode yet). It reads values, so
+        only an eager call gets this far (``layers.reads_cached_kv``)."""
         if state.keys_values is None or not reads_cached_kv():
             return None
         if not bool(((state.kv_version == version) | (state.position == 0)).all()):
