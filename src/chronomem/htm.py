@@ -732,8 +732,8 @@ class HTMTransformer(CausalCore):
         memory takes the general write). Eagerly they read values (``_read_step_choices``); compiled, the
         step reads no cache and takes the general write, which is always correct, so that its graph is whole
         (``layers.reads_cached_kv``; docs/rl.md, "Compiled")."""
-        if torch.compiler.is_compiling():
-            return state.position.new_zeros(()), None, True
+        if torch.compiler.is_compiling():  # the tag cache_version gives a compiled call (0), no cache, a write
+            return cache_version(self._parameter_version, state.position), None, True
         return self._read_step_choices(state)
 
     @torch.compiler.disable
