@@ -6,7 +6,10 @@ Each ``read_impl`` of ``chronomem.ops.htm_mix`` computes the same function (test
 ``tests/test_ops_htm_mix.py``), chosen by name on the model:
 
 * ``auto``: the read as shipped. A call whose queries read at most ``DENSE_CHUNKS_PER_K * top_k``
-  chunks in all runs ``dense``; otherwise ``gather``;
+  chunks in all runs ``dense``; otherwise ``grouped`` where its tiles would be full enough
+  (``ops.htm_mix.grouped_pays``), else ``gather``;
+* ``grouped``: the (query, chunk) pairs sorted by chunk, each chunk read once per tile of pairs
+  (``mix_chunks_grouped``);
 * ``dense``: every query scored against every chunk it may read, one matrix product per episode
   (``mix_chunks_dense``);
 * ``gather``: each query gathers its k chunks, in blocks of queries, with a backward that gathers

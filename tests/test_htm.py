@@ -10,9 +10,8 @@ import torch
 from chronomem.htm import HierarchicalMemory, HTMAttention, HTMTransformer
 from chronomem.layers import sinusoid_encoding
 from chronomem.ops import htm_chunks
-from chronomem.ops.htm_grouped import tile_pairs
 from chronomem.ops.htm_local import local_layout
-from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, READ_IMPLS
+from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, GROUPED_MIN_PAIRS, READ_IMPLS
 from contract import assert_same_state
 from helpers import assert_compiled_acting_matches, assert_compiled_learning_matches, assert_same_gradients
 
@@ -339,7 +338,8 @@ def autograd_nodes(t: torch.Tensor) -> set[str]:
 KERNELS = {"gather": "_MixSelectedChunksBackward", "grouped": "_MixChunksGroupedBackward",
            "dense": "_MixChunksDenseBackward"}
 MANY_CHUNKS = DENSE_CHUNKS_PER_K * 3 + 1  # more chunks than dense reads (top_k = 3, 2 heads below)
-GROUPED_QUERIES = -(-tile_pairs(2) * MANY_CHUNKS // 3)  # enough queries to fill a tile per chunk
+GROUPED_QUERIES = -(-GROUPED_MIN_PAIRS // (2 * 3))  # enough queries for GROUPED_MIN_PAIRS pairs (2 rows, top-3)
+SPREAD_CHUNKS = 64  # as many pairs over these many chunks: about 8 a chunk, tiles of 32 mostly padding
 
 
 @pytest.mark.parametrize(
@@ -351,16 +351,18 @@ GROUPED_QUERIES = -(-tile_pairs(2) * MANY_CHUNKS // 3)  # enough queries to fill
         ("auto", DENSE_MIN_QUERIES, DENSE_CHUNKS_PER_K * 3, 0.0, "dense"),  # many queries, few chunks
         ("auto", DENSE_MIN_QUERIES - 1, DENSE_CHUNKS_PER_K * 3, 0.0, "gather"),  # few queries
         ("grouped", 1, 6, 0.0, "grouped"),
-        ("auto", GROUPED_QUERIES, MANY_CHUNKS, 0.0, "grouped"),  # many queries, many chunks, each selected often
-        ("auto", GROUPED_QUERIES - 1, MANY_CHUNKS, 0.0, "gather"),  # ... not quite a tile per chunk
-        ("auto", DENSE_MIN_QUERIES, MANY_CHUNKS, 0.0, "gather"),  # many chunks, each selected rarely
+        ("auto", GROUPED_QUERIES, MANY_CHUNKS, 0.0, "grouped"),  # many pairs over a few chunks: full tiles
+        ("auto", GROUPED_QUERIES - 1, MANY_CHUNKS, 0.0, "gather"),  # ... a query short of GROUPED_MIN_PAIRS
+        ("auto", GROUPED_QUERIES, SPREAD_CHUNKS, 0.0, "gather"),  # as many pairs over many chunks: padded tiles
+        ("auto", DENSE_MIN_QUERIES, MANY_CHUNKS, 0.0, "gather"),  # few pairs
         ("dense", DENSE_MIN_QUERIES, 6, 0.5, "reference"),  # attention dropout: only the reference has it
     ],
 )
 def test_read_impl_takes_the_named_path(read_impl, Q, M, dropout, taken):
     """``read_impl`` names the kernel that mixes the chunks; "auto" keeps the rule of ``ops.htm_mix``:
     for at least DENSE_MIN_QUERIES queries, dense when they read at most DENSE_CHUNKS_PER_K * top_k
-    chunks, else grouped when they select each chunk a tile's worth of times on average."""
+    chunks, else grouped for at least GROUPED_MIN_PAIRS (query, chunk) pairs whose tiles would be full
+    enough (``grouped_pays``)."""
     torch.manual_seed(0)
     attn = HTMAttention(8, num_heads=2, top_k=3, chunk_size=4, dropout=dropout, read_impl=read_impl)
     out = attn(torch.randn(2, Q, 8, requires_grad=True), as_memory(*random_memory(2, M, 4, 8)))

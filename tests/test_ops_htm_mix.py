@@ -4,7 +4,8 @@ device (``CHRONOMEM_TEST_DEVICE``, tests/conftest.py): inputs are drawn on the C
 import pytest
 import torch
 
-from chronomem.ops.htm_grouped import group_pairs, mix_chunks_grouped
+from chronomem.ops import htm_mix
+from chronomem.ops.htm_grouped import group_pairs, mix_chunks_grouped, tile_fill
 from chronomem.ops.htm_mix import mix_chunks, mix_chunks_dense, mix_chunks_reference, mix_selected_chunks
 
 torch.set_num_threads(1)
@@ -108,6 +109,51 @@ def test_group_pairs_tiles_every_pair_once():
     assert bool((tiles.query[~real] == N).all())
     counts = torch.bincount(rows.flatten(), minlength=R)
     assert torch.equal(torch.bincount(tiles.row, minlength=R), (counts + tile - 1) // tile)
+
+
+def test_tile_fill_is_the_share_of_tile_places_real_pairs_take():
+    """``tile_fill``: the pairs over the places of the tiles ``group_pairs`` would cut (a chunk's pairs
+    padded to whole tiles): 1 for whole tiles, 1 / tile when every chunk is chosen once."""
+    tile = 4
+    whole = torch.tensor([[0, 1], [0, 1], [0, 1], [0, 1]])  # chunks 0 and 1 four times each: two full tiles
+    assert tile_fill(whole, 3, tile) == 1.0
+    once = torch.arange(6).view(3, 2)  # six chunks once each: six tiles of one pair
+    assert tile_fill(once, 6, tile) == 1 / tile
+    rows = torch.tensor([[0, 1], [0, 2], [0, 2], [0, 2], [0, 3]])  # 5 + 1 + 3 + 1 pairs: 2 + 1 + 1 + 1 tiles
+    assert tile_fill(rows, 4, tile) == 10 / (5 * tile)
+    assert tile_fill(rows, 4, tile) == rows.numel() / (len(group_pairs(rows, 4, tile).row) * tile)
+
+
+@pytest.mark.parametrize("case, expected", [("agreeing", "grouped"), ("spread", "gather"), ("small", "gather")])
+def test_auto_groups_a_call_whose_tiles_fill(case, expected, monkeypatch):
+    """``impl="auto"`` takes the grouped path for a call of at least ``GROUPED_MIN_PAIRS`` pairs whose
+    queries agree on their chunks (full tiles), and the gather when they spread over the chunks (tiles of
+    one or two pairs) or the call is small; either way it gives the reference's values and gradients."""
+    g = torch.Generator().manual_seed(11)
+    B, Q, H, C, D, k = 2, 128, 4, 4, 8, 4  # 4 heads: 16 pairs a tile; 2 * 128 * 4 = 1,024 pairs
+    M = 256
+    if case == "small":
+        Q = 64  # 512 pairs
+    scores = torch.randn(B, Q, M, generator=g)
+    if case != "spread":  # every query of a row prefers the same k chunks
+        scores[:, :, :k] += 100.0
+    top_idx = scores.topk(k, -1).indices
+    contents = torch.randn(B, M, C, D, generator=g, dtype=torch.float64, requires_grad=True)
+    slot_valid = torch.ones(B, M, C, dtype=torch.bool)
+    visible = torch.ones(B, Q, M, dtype=torch.bool)  # every chunk readable: never dense
+    weights = torch.softmax(torch.randn(B, Q, k, generator=g, dtype=torch.float64), -1).requires_grad_(True)
+    q = torch.randn(B, Q, H, D, generator=g, dtype=torch.float64, requires_grad=True)
+    taken = []
+    for name in ("mix_chunks_grouped", "mix_selected_chunks"):
+        original = getattr(htm_mix, name)
+        monkeypatch.setattr(htm_mix, name, lambda *a, _f=original, _n=name, **kw: taken.append(_n) or _f(*a, **kw))
+    got = mix_chunks(q, weights, top_idx, contents, slot_valid, visible, impl="auto")
+    assert taken == ["mix_chunks_grouped" if expected == "grouped" else "mix_selected_chunks"]
+    want = mix_chunks(q, weights, top_idx, contents, slot_valid, visible, impl="reference")
+    torch.testing.assert_close(got, want)
+    for a, b in zip(*(torch.autograd.grad(out.square().sum(), (q, weights, contents)) for out in (got, want)),
+                    strict=True):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("rows_per_block", [1, 1000])

@@ -47,6 +47,15 @@ def tile_pairs(heads: int, tile_rows: int = TILE_ROWS) -> int:
     return max(1, tile_rows // heads)
 
 
+def tile_fill(rows: Tensor, n_rows: int, tile: int) -> float:
+    """The share of the tiles' ``tile`` places that real pairs would fill if ``rows [N, k]`` (each query's
+    table rows, of ``n_rows``) were cut into tiles (``group_pairs``): 1 when every chunk's pairs fill
+    whole tiles, near ``1 / tile`` when each chunk is chosen once. Reads a value (one count per row)."""
+    counts = torch.bincount(rows.flatten(), minlength=n_rows)
+    tiles = int(torch.div(counts + tile - 1, tile, rounding_mode="floor").sum())
+    return rows.numel() / max(1, tiles * tile)
+
+
 def group_pairs(rows: Tensor, n_rows: int, tile: int) -> Tiles:
     """Sort the pairs of ``rows [N, k]`` (each query's table rows) by row and cut each row's pairs into
     tiles of ``tile``; the last tile of a row is padded."""

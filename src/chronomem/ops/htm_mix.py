@@ -23,11 +23,12 @@ on ``HTMAttention`` / ``HTMLayer`` / ``HTMTransformer``):
   read, one matrix product per batch row, the unselected chunks weighted zero: no per-query gather.
 * ``"auto"``: for a call of at least ``DENSE_MIN_QUERIES`` queries, dense when they read at most
   ``DENSE_CHUNKS_PER_K * top_k`` chunks in all (a long call over a short memory), else grouped when
-  they select each chunk at least a tile's worth of times on average (``Q * k >= tile_pairs(H) * M``:
-  a long call over a long memory, as in 16k-step training; with fewer, the tiles are mostly padding
-  and the gather is as fast or faster); gather otherwise (an agent's step). Under ``torch.compile``
-  "auto" and "grouped" are gather, and dense scores every chunk: a graph has static shapes, and the
-  chunks the others keep are picked by value (docs/rl.md, "Compiled").
+  the call has at least ``GROUPED_MIN_PAIRS`` (query, chunk) pairs and their tiles would be full
+  enough (``grouped_pays``: a learner's replay, a long call, whose queries select the same chunks);
+  gather otherwise (an agent's step, or choices spread so thin that the tiles would be mostly
+  padding). Under ``torch.compile`` "auto" and "grouped" are gather, and dense scores every chunk:
+  a graph has static shapes, and the chunks the others keep are picked by value (docs/rl.md,
+  "Compiled").
 
 ``tests/test_ops_htm_mix.py`` checks each fast path against the reference (values, gradients,
 gradcheck); timings are in docs/htm.md.
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from chronomem.ops.htm_grouped import NEG, mix_chunks_grouped, tile_pairs
+from chronomem.ops.htm_grouped import NEG, mix_chunks_grouped, tile_fill, tile_pairs
 
 READ_IMPLS = ("auto", "gather", "grouped", "dense", "reference")
 
@@ -51,12 +52,32 @@ BLOCK_BYTES = 8 * 2**20
 DENSE_MIN_QUERIES = 16
 DENSE_CHUNKS_PER_K = 2
 DENSE_QUERY_GROUP = 64  # queries per group in mix_chunks_dense: early queries skip later chunks
+GROUPED_MIN_PAIRS = 1024  # (query, chunk) pairs: "auto" groups no smaller call (grouped_pays)
 
 
 def check_read_impl(read_impl: str) -> str:
     if read_impl not in READ_IMPLS:
         raise ValueError(f"read_impl must be one of {READ_IMPLS}, got {read_impl!r}")
     return read_impl
+
+
+def grouped_pays(rows: Tensor, n_rows: int, heads: int) -> bool:
+    """Whether the grouped path beats the gather for a call whose queries read table rows ``rows [..., k]``
+    (of ``n_rows``) with ``heads`` rows each, as measured on one CPU thread (``benchmarks/htm_read_impl.py``;
+    docs/htm.md, "Which read a call takes"). The gather scores each (query, chunk) pair in matrix products
+    of ``heads`` rows, which a CPU runs at a fraction of its matrix speed when they are few; a tile has
+    ``TILE_ROWS`` rows whatever the heads, but is padded where few pairs share its chunk
+    (``htm_grouped.tile_fill``), and sorting the pairs costs about what a small call saves. So: at least
+    ``GROUPED_MIN_PAIRS`` pairs; with 4 heads or fewer (16 or more pairs a tile) tiles at least 0.4 full
+    from 4,096 pairs and 0.6 full below; with more heads, 0.8 full."""
+    pairs = rows.numel()
+    if pairs < GROUPED_MIN_PAIRS:
+        return False
+    tile = tile_pairs(heads)
+    fill = tile_fill(rows, n_rows, tile)
+    if tile < 16:
+        return fill >= 0.8
+    return fill >= (0.4 if pairs >= 4 * GROUPED_MIN_PAIRS else 0.6)
 
 
 def prepare_slots(chunks: Tensor, norm: bool, slot_encoding: Tensor | None) -> Tensor:
@@ -100,10 +121,11 @@ def mix_chunks(
         impl = "gather" if impl in ("auto", "grouped") else impl
     elif impl == "dense" or (impl == "auto" and Q >= DENSE_MIN_QUERIES):
         readable = visible.any(1).any(0).nonzero()[:, 0]  # the chunks some query may read
+    rows = torch.arange(B, device=q.device)[:, None, None] * M + top_idx  # [B, Q, k] into B*M
     if impl == "auto":
         if readable is not None and len(readable) <= DENSE_CHUNKS_PER_K * k:
             impl = "dense"
-        elif Q >= DENSE_MIN_QUERIES and Q * k >= tile_pairs(H) * M:  # the chunks' tiles fill up
+        elif Q >= DENSE_MIN_QUERIES and grouped_pays(rows, B * M, H):
             impl = "grouped"
         else:
             impl = "gather"
@@ -118,7 +140,6 @@ def mix_chunks(
         contents, norm, slot_encoding = prepare_slots(contents, norm, slot_encoding), False, None
     if impl == "reference":
         return mix_chunks_reference(q, weights, top_idx, contents, slot_valid, norm, slot_encoding, dropout)
-    rows = torch.arange(B, device=q.device)[:, None, None] * M + top_idx  # [B, Q, k] into B*M
     if impl == "grouped":
         mixed = mix_chunks_grouped(q.reshape(B * Q, H, D), weights.reshape(B * Q, k), contents.reshape(B * M, C, D),
                                    slot_valid.reshape(B * M, C), rows.view(B * Q, k))
