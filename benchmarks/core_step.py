@@ -48,6 +48,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from chronomem.layers import fixed_stretch, parameters_fixed
 from chronomem.registry import build_backbone
 from chronomem.threads import Measured
 
@@ -115,11 +116,14 @@ def steady_state(model, batch: int, dim: int, fill: int, generator: torch.Genera
 
 
 def acting_outputs(model, state, inputs: torch.Tensor) -> torch.Tensor:
-    """The outputs ``[steps, B, 1, D]`` of ``inputs`` fed one call per step from ``state``."""
+    """The outputs ``[steps, B, 1, D]`` of ``inputs`` fed one call per step from ``state``, the steps one
+    fixed stretch as an agent's acting is (``rl.acting.Acting``: a core compares its parameters with the
+    ones its cache was made with once, not at every step; ``layers.parameters_fixed``)."""
     with torch.inference_mode():
-        outputs = []
+        outputs, stretch = [], fixed_stretch()
         for x in inputs:
-            y, state = model(x, state=state)
+            with parameters_fixed(stretch):
+                y, state = model(x, state=state)
             outputs.append(y)
         return torch.stack(outputs)
 

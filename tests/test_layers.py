@@ -12,12 +12,15 @@ from chronomem.layers import (
     CrossAttentionBlock,
     FeedForward,
     MultiHeadAttention,
+    ParameterVersion,
     RecurrentState,
     SelfAttentionBlock,
     causal_mask,
     dropout_layer,
+    fixed_stretch,
     masked_mean,
     pad_to_multiple,
+    parameters_fixed,
     sinusoid_encoding,
     variance_scaling_,
 )
@@ -250,3 +253,39 @@ def test_dropout_layer_at_zero_is_the_identity_and_keeps_the_parameters():
     dropping = FeedForward(8, dropout=0.3).eval()
     assert plain.state_dict().keys() == dropping.state_dict().keys()
     assert torch.equal(plain(x), dropping(x))
+
+
+def test_a_parameter_version_compares_once_per_fixed_stretch():
+    """``ParameterVersion`` gives a new number whenever the values changed, comparing at every call;
+    inside ``parameters_fixed(stretch)`` it compares at its first call of the stretch only (a change inside
+    is the caller's mistake, not seen), a new stretch compares again, and nested stretches each compare
+    once. The parameters are read only when compared."""
+    weight = nn.Parameter(torch.randn(3, 4))
+    version, reads = ParameterVersion(), []
+
+    def parameters():
+        reads.append(1)
+        yield weight
+
+    first = version(parameters())
+    assert first > 0 and version(parameters()) == first and len(reads) == 2  # outside: compares every call
+    with torch.no_grad():
+        weight.add_(1.0)
+    assert version(parameters()) != first  # the change is seen
+    changed, stretch = version(parameters()), fixed_stretch()
+    reads.clear()
+    for _ in range(3):
+        with parameters_fixed(stretch):
+            assert version(parameters()) == changed
+    assert len(reads) == 1  # one comparison for the stretch's three calls
+    with parameters_fixed(stretch), torch.no_grad():
+        weight.add_(1.0)  # a mistake inside a stretch: not seen until the stretch ends
+        assert version(parameters()) == changed
+    with parameters_fixed(fixed_stretch()):  # a new stretch compares again
+        seen = version(parameters())
+        assert seen != changed
+        with parameters_fixed(fixed_stretch()):  # a nested one too, once
+            reads.clear()
+            assert version(parameters()) == seen and version(parameters()) == seen and len(reads) == 1
+        reads.clear()
+        assert version(parameters()) == seen and len(reads) == 1  # back in the outer stretch: compared again

@@ -104,3 +104,39 @@ def test_a_value_alone_draws_nothing():
     torch.manual_seed(3)
     assert torch.equal(after, torch.rand(3))
     env.close()
+
+
+@pytest.mark.parametrize("core", ["transformer-xl", "htm"])
+def test_one_acting_compares_the_parameters_once(core, monkeypatch):
+    """The steps of one ``Acting`` are one fixed stretch (``layers.parameters_fixed``): a core that caches
+    keys and values compares its parameters' values with the cached ones at the first step only, and the
+    next ``Acting`` (after an update, in PPO) compares again and sees the change."""
+    agent = tiny_agent(CUE, core)
+    envs = make_vector_env(CUE, 2)
+    obs, _ = envs.reset(seed=[0, 1])
+    compared = []
+    original = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: compared.append(1) or original(a, b))
+    acting = Acting(agent, envs, obs, agent.initial_state(2))
+    acting.step()  # the core's first comparison makes its copy: nothing to compare yet
+    compared.clear()
+    acting = Acting(agent, envs, acting.obs, acting.state)
+    for _ in range(4):
+        acting.step()
+    once = len(compared)
+    assert once > 0  # the first step compared each parameter tensor ...
+    compared.clear()
+    with torch.no_grad():
+        next(agent.core.parameters()).add_(0.0)
+    acting.step()
+    assert not compared  # ... and no later step of the same Acting compares
+    tags = acting.state.kv_version.clone()
+    with torch.no_grad():
+        for p in agent.core.parameters():
+            p.add_(0.01)
+    acting = Acting(agent, envs, acting.obs, acting.state)
+    acting.step()
+    envs.close()
+    assert compared  # a new Acting compares again (up to the first parameter that changed) ...
+    new_tags = acting.state.kv_version
+    assert bool((new_tags[new_tags > 0] != tags.max()).all())  # ... and tags its cache with a new number

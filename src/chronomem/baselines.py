@@ -607,14 +607,12 @@ class TransformerXL(CausalCore):
                        torch.zeros(batch_size, dtype=torch.long, device=device))
 
     @torch.compiler.disable
-    def _parameter_version(self) -> Tensor:
+    def _parameter_version(self) -> int:
         """The number naming the current values of the parameters the memory's keys and values depend on
-        (each layer's ``norm_attn`` and ``to_kv``; ``layers.ParameterVersion``), as a 0-d tensor: it compares
-        values, so a compiled call breaks its graph here and takes the number in as an input (a Python number
-        would be a constant of the graph, recompiled at every update)."""
-        parameters = [p for layer in self.layers for m in (layer.norm_attn, layer.attn.kv_projection)
-                      for p in m.parameters()]
-        return torch.tensor(self._kv_parameters(parameters), device=parameters[0].device)
+        (each layer's ``norm_attn`` and ``to_kv``; ``layers.ParameterVersion``; read eagerly,
+        ``layers.cache_version``)."""
+        return self._kv_parameters(p for layer in self.layers for m in (layer.norm_attn, layer.attn.kv_projection)
+                                   for p in m.parameters())
 
     def check_state(self, state, batch: int) -> XLState:
         if not isinstance(state, XLState):

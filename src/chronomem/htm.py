@@ -627,14 +627,12 @@ class HTMTransformer(CausalCore):
         return HTMTransformerState(memories, caches, position, keys_values, torch.zeros_like(position))
 
     @torch.compiler.disable
-    def _parameter_version(self) -> Tensor:
+    def _parameter_version(self) -> int:
         """The number naming the present values of the parameters the local keys and values depend on
-        (each layer's ``norm_local`` and key-value projection; ``layers.ParameterVersion``), as a 0-d tensor:
-        it compares values, so a compiled call breaks its graph here and takes the number in as an input
-        (a Python number would be a constant of the graph, recompiled at every update)."""
-        parameters = [p for layer in self.layers for m in (layer.norm_local, layer.local.kv_projection)
-                      for p in m.parameters()]
-        return torch.tensor(self._kv_parameters(parameters), device=parameters[0].device)
+        (each layer's ``norm_local`` and key-value projection; ``layers.ParameterVersion``; read eagerly,
+        ``layers.cache_version``)."""
+        return self._kv_parameters(p for layer in self.layers for m in (layer.norm_local, layer.local.kv_projection)
+                                   for p in m.parameters())
 
     @torch.compiler.disable
     def _cached_kv(self, state: HTMTransformerState, version: Tensor) -> tuple | None:

@@ -31,6 +31,7 @@ or ``check_token_ids``, so a bad input never fails inside a matmul):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -532,6 +533,7 @@ class CrossAttentionBlock(nn.Module):
 # Numbers naming parameter values across every module, so that keys and values cached in a state are
 # read only by a module whose parameters still have the values they were computed with.
 _parameter_versions = itertools.count(1)
+_fixed_stretches = itertools.count(1)
 
 
 class ParameterVersion:
@@ -544,13 +546,23 @@ class ParameterVersion:
     each). Neither storage addresses nor version counters are enough: torch's fused Adam (PPO's
     optimiser) writes parameters in place without bumping their version counters, and ``.to()`` may
     reuse an address. Numbers are unique across instances, so one module never reads keys and values
-    another cached; 0 names nothing."""
+    another cached; 0 names nothing.
+
+    Inside ``parameters_fixed(stretch)`` (a stretch of calls that changes no parameter: an acting loop,
+    ``rl.acting.Acting``) each instance compares once, at its first call of the stretch, and returns that
+    number to the stretch's end: an acting step then skips a comparison per parameter tensor. ``parameters``
+    is read only when compared (a generator costs nothing otherwise)."""
+
+    _stretch = 0  # the fixed stretch being run (parameters_fixed), 0 outside any
 
     def __init__(self):
         self._values: list[Tensor] = []
         self._number = 0
+        self._checked_in = 0  # the fixed stretch whose first call compared
 
     def __call__(self, parameters) -> int:
+        if self._checked_in and self._checked_in == ParameterVersion._stretch:
+            return self._number
         parameters = list(parameters)
         same = self._number and len(parameters) == len(self._values) and all(
             p.dtype == v.dtype and p.device == v.device and p.shape == v.shape and torch.equal(p, v)
@@ -558,20 +570,40 @@ class ParameterVersion:
         if not same:
             self._values = [p.detach().clone() for p in parameters]
             self._number = next(_parameter_versions)
+        self._checked_in = ParameterVersion._stretch
         return self._number
 
 
+def fixed_stretch() -> int:
+    """A new number for a stretch of calls in which no parameter changes (``parameters_fixed``)."""
+    return next(_fixed_stretches)
+
+
+@contextlib.contextmanager
+def parameters_fixed(stretch: int):
+    """Run the block as part of stretch ``stretch`` (``fixed_stretch()``), whose calls change no parameter
+    of any module: each ``ParameterVersion`` compares its parameters' values at its first call of the
+    stretch only. A stretch may be entered many times (one acting step each); changing a parameter
+    between its first and last block is a mistake nothing detects (cached keys and values made with the
+    old values would be read). Blocks nest: the inner stretch holds inside it."""
+    outer, ParameterVersion._stretch = ParameterVersion._stretch, stretch
+    try:
+        yield
+    finally:
+        ParameterVersion._stretch = outer
+
+
 def cache_version(parameter_version, like: Tensor) -> Tensor:
-    """The number a call tags the keys and values it caches in its state with: ``parameter_version()`` (a
-    core's ``ParameterVersion`` as a 0-d tensor, read eagerly) in an eager call without gradients; 0 (names
-    nothing) with gradients or under ``torch.compile``, decided without reading a value, so that the call
-    compiles whole. Such a call reads no cached keys and values (``reads_cached_kv``) and the next eager
-    call without gradients projects what it leaves again: with gradients, the gradient flows through their
-    projection and the parameters are about to change (an optimiser step); compiled, the parameters'
-    version is not a value a graph can read. ``like``: a tensor on the parameters' device."""
+    """The number a call tags the keys and values it caches in its state with, a 0-d tensor on ``like``'s
+    device: ``parameter_version()`` (a core's ``ParameterVersion`` number, read eagerly) in an eager call
+    without gradients; 0 (names nothing) with gradients or under ``torch.compile``, decided without
+    reading a value, so that the call compiles whole. Such a call reads no cached keys and values
+    (``reads_cached_kv``) and the next eager call without gradients projects what it leaves again: with
+    gradients, the gradient flows through their projection and the parameters are about to change (an
+    optimiser step); compiled, the parameters' version is not a value a graph can read."""
     if not reads_cached_kv():
         return like.new_zeros((), dtype=torch.long)
-    return parameter_version()
+    return torch.tensor(parameter_version(), device=like.device)
 
 
 def reads_cached_kv() -> bool:

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from chronomem.layers import fixed_stretch, parameters_fixed
+
 __all__ = ["Acting", "ActingStep", "act", "as_tensor", "drawn", "most_likely", "obs_map", "sampled", "stack_obs"]
 
 
@@ -106,7 +108,11 @@ class ActingStep:
 class Acting:
     """``agent`` stepping ``envs`` from their current observations ``obs`` and the agent's ``state``;
     ``step()`` plays one step of every env. ``obs`` and ``state`` are where the next step starts (the
-    ended rows' state already reset); ``env_seconds`` is the time spent inside ``envs.step``."""
+    ended rows' state already reset); ``env_seconds`` is the time spent inside ``envs.step``.
+
+    The agent's parameters must not change while one ``Acting`` plays (a rollout, an evaluation): its steps
+    are one ``layers.parameters_fixed`` stretch, so a core that caches keys and values compares its
+    parameters once, at the first step, not at every step."""
 
     def __init__(self, agent, envs, obs, state, choose: Choose = sampled):
         mode = envs.metadata.get("autoreset_mode")
@@ -115,10 +121,12 @@ class Acting:
                              f"chronomem.envs.make.make_vector_env builds it), got {mode}")
         self.agent, self.envs, self.obs, self.state, self.choose = agent, envs, obs, state, choose
         self.env_seconds = 0.0
+        self.stretch = fixed_stretch()
 
     @torch.inference_mode()
     def step(self) -> ActingStep:
-        action, logprob, value, state, obs_t = act(self.agent, self.obs, self.state, self.choose)
+        with parameters_fixed(self.stretch):
+            action, logprob, value, state, obs_t = act(self.agent, self.obs, self.state, self.choose)
         tic = time.perf_counter()
         self.obs, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
         self.env_seconds += time.perf_counter() - tic
