@@ -606,7 +606,6 @@ class TransformerXL(CausalCore):
         return XLState(memory, torch.zeros(batch_size, self.mem_len, dtype=torch.bool, device=device), kv,
                        torch.zeros(batch_size, dtype=torch.long, device=device))
 
-    @torch.compiler.disable
     def _parameter_version(self) -> int:
         """The number naming the current values of the parameters the memory's keys and values depend on
         (each layer's ``norm_attn`` and ``to_kv``; ``layers.ParameterVersion``; read eagerly,

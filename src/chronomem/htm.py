@@ -626,7 +626,6 @@ class HTMTransformer(CausalCore):
         position = torch.zeros(batch_size, dtype=torch.long, device=device)
         return HTMTransformerState(memories, caches, position, keys_values, torch.zeros_like(position))
 
-    @torch.compiler.disable
     def _parameter_version(self) -> int:
         """The number naming the present values of the parameters the local keys and values depend on
         (each layer's ``norm_local`` and key-value projection; ``layers.ParameterVersion``; read eagerly,
