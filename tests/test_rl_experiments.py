@@ -398,7 +398,12 @@ def test_visual_match_plots_the_choice_against_the_distractor_length(tmp_path, m
              if line.get_linestyle() != "--"}
     assert lines == {"mlp": ([30, 90, 250], [33, 33, 33]), "htm": ([30, 90, 250], [97, 92, 85])}
     assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [pytest.approx(100 / 3)]
-    assert len(ax.collections) == 2  # a seed band per core
+    bands = [c for c in ax.collections if not hasattr(c, "get_segments")]
+    bars = [[[list(point) for point in segment] for segment in c.get_segments()] for c in ax.collections
+            if hasattr(c, "get_segments")]
+    assert len(bands) == 2  # a seed band per core
+    assert bars == [[[[30, 30], [30, 36]], [[90, 33], [90, 33]], [[250, 31], [250, 35]]],  # mlp: lowest to highest
+                    [[[30, 96], [30, 98]], [[90, 90], [90, 94]], [[250, 80], [250, 90]]]]  # htm: seen at one length too
 
 
 @pytest.mark.parametrize("name, env_prefix", [("visual-match", "chronomem/VisualMatch-passive-d"),

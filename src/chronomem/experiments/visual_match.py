@@ -273,7 +273,7 @@ GAMES_SHOWN = {
 
 def plot_success_by_length(results: dict, path: Path) -> None:
     """success_by_distractor.png: right final choices (%) against the distractor's length, one line per
-    core (the mean over seeds, a band from the lowest to the highest seed), chance (1/3) dashed."""
+    core (the mean over seeds, a band and a bar from the lowest to the highest seed), chance (1/3) dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,8 +287,9 @@ def plot_success_by_length(results: dict, path: Path) -> None:
         seeds = [cells[f"d{d}"] for d in lengths]
         mean = [sum(v) / len(v) for v in seeds]
         ax.plot(lengths, mean, marker="o", color=f"C{i}", label=model)
-        ax.fill_between(lengths, [min(v) for v in seeds], [max(v) for v in seeds], color=f"C{i}", alpha=0.15,
-                        linewidth=0)
+        lows, highs = [min(v) for v in seeds], [max(v) for v in seeds]
+        ax.fill_between(lengths, lows, highs, color=f"C{i}", alpha=0.15, linewidth=0)
+        ax.vlines(lengths, lows, highs, color=f"C{i}", alpha=0.5)  # the spread at each length (one length: no band)
     if game.chance is not None:
         ax.axhline(game.chance, color="black", linestyle="--", linewidth=1, label="chance: a random square (1/3)")
     ax.set_xscale("log")
