@@ -402,6 +402,7 @@ def test_visual_match_plots_the_choice_against_the_distractor_length(tmp_path, m
     bars = [[[list(point) for point in segment] for segment in c.get_segments()] for c in ax.collections
             if hasattr(c, "get_segments")]
     assert len(bands) == 2  # a seed band per core
+    assert ax.get_legend().get_title().get_text() == "mean over 2 seeds, band and bars: lowest to highest seed"
     # a bar per core and length from the lowest seed to the highest: the spread where a band has no width (one length)
     assert bars == [[[[30, 30], [30, 36]], [[90, 33], [90, 33]], [[250, 31], [250, 35]]],
                     [[[30, 96], [30, 98]], [[90, 90], [90, 94]], [[250, 80], [250, 90]]]]

@@ -298,7 +298,8 @@ def plot_success_by_length(results: dict, path: Path) -> None:
     ax.set(xlabel="distractor phase (steps)", ylabel=f"{game.success} (%)", ylim=(0, 100),
            title=f"{game.experiment} ({config['scale']}): success against the distractor's length")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title=f"mean over {config['seeds']} seeds, band: lowest to highest", title_fontsize=8)
+    ax.legend(fontsize=8, title=f"mean over {config['seeds']} seeds, band and bars: lowest to highest seed",
+              title_fontsize=8)
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
