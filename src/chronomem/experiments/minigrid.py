@@ -251,6 +251,9 @@ MINIGRID_TRANSFER = register_experiment(
                   settings=("MemoryS7",)),
         ),
         notes="HTM, TLB and GTrXL rows (--models) are beyond the paper, as is the memoryless row (`mlp`): a "
-              "memory result needs a memory above it. The control is DoorKey-5x5 (no memory needed).",
+              "memory result needs a memory above it. The control is DoorKey-5x5 (no memory needed). "
+              "MemoryS7's cue is in the 7x7 view from the junction where the agent chooses, so a memoryless "
+              "policy that turns back to look can pass it (benchmarks/minigrid_memory_reactive.py); of the "
+              "pair only MemoryS13 demands memory.",
     )
 )
