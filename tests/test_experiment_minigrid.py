@@ -1,6 +1,7 @@
 """minigrid-transfer (paper 004 Table 3) at the smoke scale: the results.json structure, the paper's
 numbers beside ours, and the same seed giving the same numbers."""
 
+import csv
 import json
 
 import pytest
@@ -42,7 +43,11 @@ def test_smoke_results_structure(smoke_runs):
     assert {run["seed"] for run in runs} == {3, 4}
     assert all(run["frames"] == SCALES["smoke"].frames for run in runs)
     assert all(set(run["eval"]) == COLUMNS and run["eval"]["DoorKey-16x16"]["episodes"] == 4 for run in runs)
-    assert (out / "runs" / "doorkey" / "lstm" / "seed_3" / "config.json").exists()
+    run = out / "runs" / "doorkey" / "lstm" / "seed_3"
+    config = json.loads((run / "config.json").read_text())["args"]
+    assert (config["anneal_lr"], config["adam_eps"]) == (False, 1e-8)  # Adam as torch-ac runs it
+    rates = {float(row["lr"]) for row in csv.DictReader((run / "metrics.csv").open()) if row["split"] == "train"}
+    assert rates == {config["lr"]}  # kept constant over the updates, not annealed
     report = (out / "report.md").read_text()
     assert report.count("| relevance-lstm |") == 2  # the control's table and the memory table
     # the control: DoorKey-5x5's own cell, per seed, learned at 0.9

@@ -83,6 +83,10 @@ class TransferScale:
     dim: int = 64
     eval_max_steps: int | None = None  # cap on episode length (smoke only; None: each env's own limit)
     pair_frames: dict[str, int] = field(default_factory=dict)  # a pair's own frames, in place of ``frames``
+    # Adam as torch-ac runs it (rl-starter-files' ``--lr`` kept constant, ``--optim-eps 1e-8``); the defaults
+    # are chronomem's PPO's (CleanRL's: annealed, 1e-5), which the scales ran before issue 50's last re-run.
+    anneal_lr: bool = True
+    adam_eps: float = 1e-5
 
     def frames_of(self, pair: str) -> int:
         return self.pair_frames.get(pair, self.frames)
@@ -92,17 +96,18 @@ SCALES: dict[str, TransferScale] = {
     # Seconds: 64 frames per run and evaluation episodes cut at 16 steps.
     "smoke": TransferScale(pairs=("doorkey",), models=("mlp", *PAPER_MODELS), frames=64, episodes=4, seeds=2,
                            num_envs=4, num_steps=8, num_minibatches=2, recurrence=4, minibatch="windows", dim=16,
-                           eval_max_steps=16),
+                           eval_max_steps=16, anneal_lr=False, adam_eps=1e-8),
     # docs/rl.md, "minigrid-transfer": the authors' PPO (rl-starter-files' settings, gradients cut every 16
-    # steps and minibatches of such windows, as their torch-ac fork trains); 200 updates of 16 x 128 frames
-    # for DoorKey (the memoryless control needs them in every seed), 400 for Memory, where an agent leaves
-    # chance after 0.25M frames or more, varying by seed. Resumable (chronomem run --resume).
+    # steps and minibatches of such windows, Adam's learning rate constant and its epsilon 1e-8, as their
+    # torch-ac fork trains); 200 updates of 16 x 128 frames for DoorKey (the memoryless control needs them
+    # in every seed), 400 for Memory, where an agent leaves chance after 0.25M frames or more, varying by
+    # seed. Resumable (chronomem run --resume).
     "quick": TransferScale(pairs=("doorkey", "memory"), models=("mlp", *PAPER_MODELS), frames=200 * 2048,
                            episodes=100, seeds=3, recurrence=16, minibatch="windows",
-                           pair_frames={"memory": 400 * 2048}),
+                           pair_frames={"memory": 400 * 2048}, anneal_lr=False, adam_eps=1e-8),
     # Paper 004: 5M steps per environment (rounded up to whole rollouts by the trainer), the authors' PPO.
     "paper": TransferScale(pairs=tuple(PAIRS), models=("mlp", *PAPER_MODELS), frames=5_000_000, episodes=1000,
-                           seeds=3, recurrence=16, minibatch="windows"),
+                           seeds=3, recurrence=16, minibatch="windows", anneal_lr=False, adam_eps=1e-8),
 }
 
 CHECKPOINT_EVERY = 50  # updates (100k frames at quick)
@@ -129,7 +134,7 @@ def ppo_settings(scale: TransferScale) -> dict[str, Any]:
     and ReLSTM's runs outlast a session); it changes nothing in training."""
     return dict(num_envs=scale.num_envs, num_steps=scale.num_steps, num_minibatches=scale.num_minibatches,
                 recurrence=scale.recurrence, minibatch=scale.minibatch, dim=scale.dim, hidden=scale.dim,
-                checkpoint_every=CHECKPOINT_EVERY)
+                anneal_lr=scale.anneal_lr, adam_eps=scale.adam_eps, checkpoint_every=CHECKPOINT_EVERY)
 
 
 def run_job(job: Job) -> dict[str, Any]:
