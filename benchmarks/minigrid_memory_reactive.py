@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-SIZES = (7, 9, 11, 13)
+SIZES = (7, 9, 11, 13)  # run by default
+REGISTERED = (7, 9, 11, 13, 15, 17)  # MiniGrid's MemoryS{size}-v0 ids
 FORWARD, LEFT, RIGHT = 2, 0, 1  # MiniGrid's actions
 EAST, SOUTH, WEST, NORTH = 0, 1, 2, 3  # MiniGrid's headings
 
@@ -45,7 +46,7 @@ def make(size: int):
     return gym.make(f"MiniGrid-MemoryS{size}-v0").unwrapped
 
 
-def made(size: int, seed: int = 0):
+def reset_env(size: int, seed: int = 0):
     """A reset MemoryS{size} env."""
     env = make(size)
     env.reset(seed=seed)
@@ -127,6 +128,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--json", help="write the results here (never overwrites a file)")
     args = parser.parse_args(argv)
+    if args.episodes < 1:
+        raise ValueError(f"--episodes: expected a positive count, got {args.episodes}")
+    if not all(0 < p <= 1 for p in args.p_forward):
+        raise ValueError(f"--p-forward: expected probabilities in (0, 1], got {args.p_forward}")
+    if not set(args.sizes) <= set(REGISTERED):
+        raise ValueError(f"--sizes: expected some of MiniGrid's Memory sizes {REGISTERED}, got {args.sizes}")
     if args.json and Path(args.json).exists():
         raise FileExistsError(f"--json: {args.json} exists; choose another path")
     result = {"episodes": args.episodes, "sizes": {}}
@@ -135,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
           + " | ".join(f"p = {p}" for p in args.p_forward) + " |")
     print("|---|---|---|" + "---|" * len(args.p_forward))
     for size in args.sizes:
-        row = {"cue_in_view": cue_in_view(made(size)),
+        row = {"cue_in_view": cue_in_view(reset_env(size)),
                "view_determined": view_determined(size),
                "play": {str(p): play(size, p, args.episodes) for p in args.p_forward}}
         result["sizes"][str(size)] = row

@@ -14,8 +14,8 @@ reactive = load_benchmark("minigrid_memory_reactive")
 
 
 def test_the_cue_is_in_view_from_the_junction_only_in_the_small_rooms():
-    assert reactive.cue_in_view(reactive.made(7))
-    assert not reactive.cue_in_view(reactive.made(13))
+    assert reactive.cue_in_view(reactive.reset_env(7))
+    assert not reactive.cue_in_view(reactive.reset_env(13))
 
 
 def test_the_check_catches_a_policy_that_reads_what_the_view_hides():
@@ -37,3 +37,9 @@ def test_the_memoryless_policy_passes_s7_and_not_s13(tmp_path):
     assert json.loads(out.read_text()) == result
     with pytest.raises(FileExistsError):
         reactive.main(["--episodes", "1", "--sizes", "7", "--json", str(out)])
+
+
+@pytest.mark.parametrize("argv", [["--episodes", "0"], ["--p-forward", "0"], ["--p-forward", "1.5"], ["--sizes", "8"]])
+def test_bad_input_is_refused_by_name(argv):
+    with pytest.raises(ValueError, match=argv[0]):
+        reactive.main(argv)
