@@ -83,8 +83,8 @@ class TransferScale:
     dim: int = 64
     eval_max_steps: int | None = None  # cap on episode length (smoke only; None: each env's own limit)
     pair_frames: dict[str, int] = field(default_factory=dict)  # a pair's own frames, in place of ``frames``
-    # Adam as torch-ac runs it (rl-starter-files' ``--lr`` kept constant, ``--optim-eps 1e-8``); the defaults
-    # are chronomem's PPO's (CleanRL's: annealed, 1e-5), which the scales ran before issue 50's last re-run.
+    # Adam's schedule and epsilon; the defaults are chronomem's PPO's (CleanRL's: annealed, 1e-5), the scales
+    # set torch-ac's (rl-starter-files' ``--lr`` kept constant, ``--optim-eps 1e-8``), as the authors trained.
     anneal_lr: bool = True
     adam_eps: float = 1e-5
 
