@@ -371,6 +371,7 @@ KEY_TO_DOOR = register_experiment(
         "reported apart (extra.apples). learning_curves.png: % of training episodes through the door against "
         "frames; success_by_distractor.png: against the distractor's length.",
         claims=(Claim("HTM credits the key across the distractor phase better than the memoryless agent", "htm", "mlp"),
-                Claim("The LSTM credits the key better than the memoryless agent", "lstm", "mlp")),
+                Claim("The LSTM credits the key better than the memoryless agent", "lstm", "mlp"),
+                Claim("Transformer-XL credits the key better than the memoryless agent", "transformer-xl", "mlp")),
     )
 )
