@@ -1,7 +1,8 @@
 """The agent contract (docs/design.md) for HTMTransformer: episode ends inside a call (``done``),
 streaming at any split (one step at a time included), select + concat; for the default layer and the
 ``memory_norm`` / ``shared_memory`` / no-relative-positions / ``keep_across_episodes`` / ``overlap`` /
-``extra_length`` / ``relevance_floor`` / ``read_gate`` variants, chunk sizes that do and do not divide the length."""
+``extra_length`` / ``relevance_floor`` / ``read_gate`` / ``final_norm`` variants, chunk sizes that do and do
+not divide the length."""
 
 import dataclasses
 
@@ -34,6 +35,7 @@ VARIANTS = {
     "overlap": {"overlap": 1, "memory_size": 2},
     "relevance_floor": {"relevance_floor": 0.25, "top_k": 3},
     "read_gate": {"read_gate": 0.7},
+    "final_norm": {"final_norm": True},
 }
 STEPS = 16
 

@@ -180,6 +180,43 @@ def test_read_gate_scales_the_read(gate):
         assert (to_out.abs().max() == 0) == (gate == 0.0)
 
 
+def test_final_norm_is_a_layer_norm_of_the_plain_output():
+    """``final_norm=True`` is the plain model's output through one LayerNorm, at every step of a call with
+    episode ends and padding, with ``output_steps``, and on the acting path (one step at a time); padded
+    and skipped steps stay zeros, and the state is the plain model's."""
+    torch.manual_seed(5)
+    options = dict(dim=8, depth=2, num_heads=2, top_k=2, chunk_size=3, memory_size=4, window=4)
+    normed = HTMTransformer(**options, final_norm=True).double()
+    plain = HTMTransformer(**options).double()
+    with torch.no_grad():
+        normed.norm.weight.uniform_(0.5, 1.5)
+        normed.norm.bias.normal_(0.0, 0.1)
+    plain.load_state_dict({k: v for k, v in normed.state_dict().items() if not k.startswith("norm.")})
+    x = torch.randn(2, 11, 8, dtype=torch.double)
+    done = torch.zeros(2, 11, dtype=torch.bool)
+    done[0, 6] = True
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[1, 9:] = False
+    got, got_state = normed(x, mask=mask, done=done)
+    want, want_state = plain(x, mask=mask, done=done)
+    torch.testing.assert_close(got, normed.norm(want) * mask[..., None])
+    assert got[1, 9:].abs().max() == 0
+    unversioned = dict(kv_version=None)
+    assert_same_state(dataclasses.replace(got_state, **unversioned), dataclasses.replace(want_state, **unversioned),
+                      atol=1e-12)
+    with torch.no_grad():
+        step_state, steps = normed.init_state(2), []
+        for t in range(11):
+            y, step_state = normed(x[:, t : t + 1], state=step_state, done=done[:, t : t + 1])
+            steps.append(y)
+    torch.testing.assert_close(torch.cat(steps, 1), normed.norm(plain(x, done=done)[0]))
+    tail = HTMTransformer(**options, final_norm=True, output_steps=4).double()
+    tail.load_state_dict(normed.state_dict())
+    y_tail = tail(x)[0]
+    torch.testing.assert_close(y_tail[:, -4:], normed(x)[0][:, -4:])
+    assert y_tail[:, :-4].abs().max() == 0
+
+
 @pytest.mark.parametrize(("gate", "error"), [(True, TypeError), ("0", TypeError), (float("nan"), ValueError),
                                              (float("inf"), ValueError)])
 def test_read_gate_bad_values(gate, error):

@@ -77,6 +77,12 @@ Options that depart from the paper (off by default; docs/htm.md gives the measur
   On RL Visual Match it keeps the relevance from leaving the cue's chunk; the seeds that fail without it
   still fail, the one that learns learns sooner, and over five seeds it is no better than the paper's
   layer (docs/rl.md, "What decides HTM's seeds").
+* ``final_norm=True`` passes the last layer's output through a LayerNorm, as chronomem's pre-LN
+  Transformer-XL and GTrXL do (and GPT-2's final LayerNorm): without it the heads read the raw residual
+  stream, whose scale the encoder, the read and the FFNs set. The paper's agent puts its memory inside
+  Transformer-XL's (Sec. 2 "Agents") and does not say how its output is normalised. On RL Key-to-Door
+  HTM's layer without its read, whose local window held the whole episode, did not credit the key where
+  Transformer-XL did (docs/rl.md, "The experiment: key-to-door").
 * ``output_steps=r`` computes only the last ``r`` outputs of a call (a probe or questions read out
   at the end: App. B.4's PAI model, supervised Ballet), and the layers only what those need: the
   last layer's other steps are needed by no one (memory and cache store *inputs*), and with one
@@ -343,6 +349,7 @@ class HTMConfig:
     memory_norm: bool = False  # deviation: relevance and within-chunk attention read LN'd memory
     relevance_floor: float = 0.0  # deviation: R' = (1 - f) R + f / n over the n selected visible chunks
     read_gate: float | None = None  # deviation: x + a * read, a learned scalar per layer starting here (0: shut)
+    final_norm: bool = False  # deviation: a LayerNorm on the output, as Transformer-XL's (baselines.py)
     output_steps: int | None = None  # compute only the last r outputs of a call (module docstring)
     read_impl: str = "auto"  # how the selected chunks are mixed: auto, gather, grouped, dense, reference
 
@@ -607,6 +614,7 @@ class HTMTransformer(CausalCore):
         self.dim = self.out_dim = cfg.dim
         self.cache_length = cfg.window - 1 + cfg.extra_length
         self.layers = nn.ModuleList(HTMLayer(cfg) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(cfg.dim) if cfg.final_norm else None  # the heads read LN(x) (module docstring)
         self._kv_parameters = ParameterVersion()  # names the values the local keys and values were cached with
 
     def init_state(self, batch_size: int, device=None, dtype=None) -> HTMTransformerState:
@@ -717,6 +725,8 @@ class HTMTransformer(CausalCore):
             position, caches = episodes.after(state.position, lengths, caches)
         new_state = HTMTransformerState(tuple(memories), tuple(caches), position,
                                         *self._kept_kv(keys_values, position, version))
+        if self.norm is not None:
+            x = self.norm(x)
         if start:
             x = torch.cat([x.new_zeros(B, start, x.shape[-1]), x], 1)
         if mask is not None:
@@ -761,6 +771,8 @@ class HTMTransformer(CausalCore):
             x, context_kv = layer(x, context, local, chunks, None if cached is None else cached[i])
             keys_values.append(context_kv[:, 1:])
         position = state.position + 1
+        if self.norm is not None:
+            x = self.norm(x)
         if cached is not None:  # the cached slots before the episode are zeros already; the step is real
             return x, HTMTransformerState(tuple(memories), tuple(caches), position, tuple(keys_values),
                                           torch.zeros_like(position) + version)
