@@ -81,8 +81,8 @@ Options that depart from the paper (off by default; docs/htm.md gives the measur
   Transformer-XL and GTrXL do (and GPT-2's final LayerNorm): without it the heads read the raw residual
   stream, whose scale the encoder, the read and the FFNs set. The paper's agent puts its memory inside
   Transformer-XL's (Sec. 2 "Agents") and does not say how its output is normalised. On RL Key-to-Door
-  HTM's layer without its read, whose local window held the whole episode, did not credit the key where
-  Transformer-XL did (docs/rl.md, "The experiment: key-to-door").
+  the quick agent with it credits the key in seeds where the plain output does not (docs/rl.md, "The
+  experiment: key-to-door").
 * ``output_steps=r`` computes only the last ``r`` outputs of a call (a probe or questions read out
   at the end: App. B.4's PAI model, supervised Ballet), and the layers only what those need: the
   last layer's other steps are needed by no one (memory and cache store *inputs*), and with one
