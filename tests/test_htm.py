@@ -135,6 +135,23 @@ def test_relevance_floor_bad_values(floor):
         HTMTransformer(dim=8, depth=1, num_heads=2, top_k=2, chunk_size=4, memory_size=4, relevance_floor=floor)
 
 
+def assert_same_state_but_version(got, want):
+    """Two models' states equal but for ``kv_version``: which parameter values made the cached keys, each
+    model's own number."""
+    unversioned = dict(kv_version=None)
+    assert_same_state(dataclasses.replace(got, **unversioned), dataclasses.replace(want, **unversioned), atol=1e-12)
+
+
+def acting_outputs(model: HTMTransformer, x, done):
+    """The outputs of the acting path: ``model`` called one step at a time, with the episode ends."""
+    with torch.no_grad():
+        state, steps = model.init_state(x.shape[0]), []
+        for t in range(x.shape[1]):
+            y, state = model(x[:, t : t + 1], state=state, done=done[:, t : t + 1])
+            steps.append(y)
+    return torch.cat(steps, 1)
+
+
 @pytest.mark.parametrize("gate", [0.0, 0.6])
 def test_read_gate_scales_the_read(gate):
     """``read_gate=a`` is ``x + a * read``: the same model as one without the gate whose HTM blocks' output
@@ -161,15 +178,8 @@ def test_read_gate_scales_the_read(gate):
     got, got_state = gated(x, done=done)
     want, want_state = plain(x, done=done)
     torch.testing.assert_close(got, want)
-    unversioned = dict(kv_version=None)  # which parameter values made the cached keys: the models' own numbers
-    assert_same_state(dataclasses.replace(got_state, **unversioned), dataclasses.replace(want_state, **unversioned),
-                      atol=1e-12)
-    with torch.no_grad():
-        step_state, steps = gated.init_state(2), []
-        for t in range(11):
-            y, step_state = gated(x[:, t : t + 1], state=step_state, done=done[:, t : t + 1])
-            steps.append(y)
-    torch.testing.assert_close(torch.cat(steps, 1), want)
+    assert_same_state_but_version(got_state, want_state)
+    torch.testing.assert_close(acting_outputs(gated, x, done), want)
     ungated = HTMTransformer(**options).double()
     ungated.load_state_dict(state)
     assert (ungated(x, done=done)[0] - got).abs().max() > 1e-3  # the gate changes the output
@@ -201,15 +211,8 @@ def test_final_norm_is_a_layer_norm_of_the_plain_output():
     want, want_state = plain(x, mask=mask, done=done)
     torch.testing.assert_close(got, normed.norm(want) * mask[..., None])
     assert got[1, 9:].abs().max() == 0
-    unversioned = dict(kv_version=None)
-    assert_same_state(dataclasses.replace(got_state, **unversioned), dataclasses.replace(want_state, **unversioned),
-                      atol=1e-12)
-    with torch.no_grad():
-        step_state, steps = normed.init_state(2), []
-        for t in range(11):
-            y, step_state = normed(x[:, t : t + 1], state=step_state, done=done[:, t : t + 1])
-            steps.append(y)
-    torch.testing.assert_close(torch.cat(steps, 1), normed.norm(plain(x, done=done)[0]))
+    assert_same_state_but_version(got_state, want_state)
+    torch.testing.assert_close(acting_outputs(normed, x, done), normed.norm(plain(x, done=done)[0]))
     tail = HTMTransformer(**options, final_norm=True, output_steps=4).double()
     tail.load_state_dict(normed.state_dict())
     y_tail = tail(x)[0]
