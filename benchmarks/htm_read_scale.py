@@ -6,8 +6,15 @@ mean norm per step of the input, of the memory read (``x + read`` in ``HTMLayer`
 of the layer's whole update ``y - x``, for the released module's ``init_scale=2`` (docs/htm.md) and
 PyTorch's default (``init_scale=None``). docs/rl.md, "HTM's read at initialisation".
 
+A second table (``--input-scale``: the inputs' standard deviation per feature; 0.09 gives the quick
+agent's encoder outputs, of norm ~0.7 at width 64) prints the mean norm per step of the output the
+policy and value read, before the first chunk completes (no read) and after, for the paper's layer
+(``init_scale=2``), without the slot encoding, with the read gated shut, and with ``final_norm``
+(docs/htm.md, "final_norm").
+
     python benchmarks/htm_read_scale.py
     python benchmarks/htm_read_scale.py --dim 256 --steps 120
+    python benchmarks/htm_read_scale.py --input-scale 0.09
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=60, help="a Key-to-Door episode at distractor 30")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--input-scale", type=float, default=1.0, help="the inputs' std per feature")
     args = parser.parse_args(argv)
 
     from chronomem.htm import build_htm
@@ -58,7 +66,7 @@ def main(argv=None) -> None:
             torch.manual_seed(seed)
             core = build_htm(args.dim, 1, 4, chunk_size=16, top_k=4, memory_size=24, window=16,
                              memory_gradient=True, init_scale=init_scale)
-            x = torch.randn(args.batch, args.steps, args.dim)
+            x = args.input_scale * torch.randn(args.batch, args.steps, args.dim)
 
             def norm(module, inputs, out, reads=reads):  # the mean norm per step of each read
                 reads.append(out.norm(dim=-1).mean().item())
@@ -69,6 +77,30 @@ def main(argv=None) -> None:
             updates.append((y - x).norm(dim=-1).mean().item())
         print(f"| {init_scale} | {fmean(inputs):.2f} | {fmean(reads):.2f} | {fmean(reads) / fmean(inputs):.2f} "
               f"| {fmean(updates):.2f} |")
+    print()
+    print("| layer | output before the first chunk completes | after |")
+    print("|---|---|---|")
+    for name, options in OUTPUT_VARIANTS.items():
+        before, after = [], []
+        for seed in range(args.seeds):
+            torch.manual_seed(seed)
+            core = build_htm(args.dim, 1, 4, chunk_size=16, top_k=4, memory_size=24, window=16,
+                             memory_gradient=True, **options)
+            with torch.no_grad():
+                y, _ = core(args.input_scale * torch.randn(args.batch, args.steps, args.dim))
+            norms = y.norm(dim=-1)
+            before.append(norms[:, :16].mean().item())  # steps 0-15: no chunk complete, nothing read
+            after.append(norms[:, 16:].mean().item())
+        print(f"| {name} | {fmean(before):.2f} | {fmean(after):.2f} |")
+
+
+# The output the heads read, per layer (the second table)
+OUTPUT_VARIANTS = {
+    "paper's (init_scale=2)": {},
+    "no slot encoding": {"position_encoding": False},
+    "read gated shut": {"read_gate": 0.0},
+    "final_norm": {"final_norm": True},
+}
 
 
 if __name__ == "__main__":
