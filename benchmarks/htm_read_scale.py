@@ -46,6 +46,17 @@ def recorded_reads(record):
         HTMAttention.read = original
 
 
+CHUNK = 16  # the quick agent's chunk size
+
+
+def quick_core(dim: int, **options):
+    """The quick RL agent's one-layer HTM (4 heads, chunks of 16, top-4 of 24, window 16), with ``options``."""
+    from chronomem.htm import build_htm
+
+    return build_htm(dim, 1, 4, chunk_size=CHUNK, top_k=4, memory_size=24, window=16, memory_gradient=True,
+                     **options)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dim", type=int, default=64)
@@ -55,8 +66,6 @@ def main(argv=None) -> None:
     parser.add_argument("--input-scale", type=float, default=1.0, help="the inputs' std per feature")
     args = parser.parse_args(argv)
 
-    from chronomem.htm import build_htm
-
     torch.set_num_threads(1)
     print("| init_scale | input | memory read | read / input | layer update y - x |")
     print("|---|---|---|---|---|")
@@ -64,8 +73,7 @@ def main(argv=None) -> None:
         inputs, reads, updates = [], [], []
         for seed in range(args.seeds):
             torch.manual_seed(seed)
-            core = build_htm(args.dim, 1, 4, chunk_size=16, top_k=4, memory_size=24, window=16,
-                             memory_gradient=True, init_scale=init_scale)
+            core = quick_core(args.dim, init_scale=init_scale)
             x = args.input_scale * torch.randn(args.batch, args.steps, args.dim)
 
             def norm(module, inputs, out, reads=reads):  # the mean norm per step of each read
@@ -84,13 +92,12 @@ def main(argv=None) -> None:
         before, after = [], []
         for seed in range(args.seeds):
             torch.manual_seed(seed)
-            core = build_htm(args.dim, 1, 4, chunk_size=16, top_k=4, memory_size=24, window=16,
-                             memory_gradient=True, **options)
+            core = quick_core(args.dim, **options)
             with torch.no_grad():
                 y, _ = core(args.input_scale * torch.randn(args.batch, args.steps, args.dim))
             norms = y.norm(dim=-1)
-            before.append(norms[:, :16].mean().item())  # steps 0-15: no chunk complete, nothing read
-            after.append(norms[:, 16:].mean().item())
+            before.append(norms[:, :CHUNK].mean().item())  # no chunk complete yet: nothing read
+            after.append(norms[:, CHUNK:].mean().item())
         print(f"| {name} | {fmean(before):.2f} | {fmean(after):.2f} |")
 
 
