@@ -184,6 +184,33 @@ def test_a_finished_run_is_loaded_as_it_ended(tmp_path, monkeypatch):
                         tmp_path / "run", progress=False, reuse=True)
 
 
+def test_a_row_may_be_a_variant_of_a_core_that_it_names(tmp_path):
+    """``{"htm-final-norm": {"core": "htm", ...}}``: the row trains the named core with the other options,
+    is reused as itself by --resume, and a bad ``core`` is refused before anything trains."""
+    from chronomem.experiments import rl_runs
+
+    settings = dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=8, num_minibatches=1,
+                    update_epochs=1, log_every=1)
+    options = dict(core="htm", chunk_size=4, memory_size=4, top_k=2, final_norm=True)
+    assert rl_runs.row_core("htm-final-norm", options) == ("htm", dict(chunk_size=4, memory_size=4, top_k=2,
+                                                                      final_norm=True))
+    assert rl_runs.row_core("lstm", {}) == ("lstm", {})
+    env = "popgym-RepeatPreviousEasy-v0"
+    rl_runs.check_cores("exp", ("htm-final-norm",), env, settings, {"htm-final-norm": options})
+    trained = rl_runs.ppo_run(env, "htm-final-norm", options, settings, 32, 0, tmp_path / "run", progress=False)
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["args"]["core"] == "htm" and saved["core_options"]["final_norm"] is True
+    assert "core" not in saved["core_options"]
+    assert trained.agent.core.norm is not None  # final_norm reached the core's builder
+    loaded = rl_runs.ppo_run(env, "htm-final-norm", options, settings, 32, 0, tmp_path / "run", progress=False,
+                             reuse=True)
+    assert loaded.history == trained.history
+    with pytest.raises(TypeError, match="row 'bad'.*'core' must name a registered core"):
+        rl_runs.check_cores("exp", ("bad",), env, settings, {"bad": {"core": 3}})
+    with pytest.raises(ValueError, match="core"):
+        rl_runs.check_cores("exp", ("bad",), env, settings, {"bad": {"core": "no-such-core"}})
+
+
 def test_a_kept_evaluation_is_read_back_only_for_the_same_settings_and_weights(tmp_path):
     """``kept_evaluation``: evaluated and written on a fresh run; read back on a resumed one when its
     settings and the agent's weights are the ones kept; evaluated again otherwise."""
@@ -418,8 +445,10 @@ def test_the_tvt_experiments_train_their_control_and_each_length(tmp_path, name,
     assert saved["args"]["env"] == config["control_env"]
     saved = json.loads((tmp_path / "d5" / "lstm-seed0" / "config.json").read_text())
     assert saved["args"]["env"] == f"{env_prefix}5-v0"
-    assert set(results["results"]) == {"mlp", "lstm", "htm"}
+    assert set(results["results"]) == {"mlp", "lstm", "htm", "htm-final-norm"}
     assert all(set(cells) == {"d5"} for cells in results["results"].values())
-    assert set(results["control"]["learned"]) == {"mlp", "lstm", "htm"}
+    assert set(results["control"]["learned"]) == {"mlp", "lstm", "htm", "htm-final-norm"}
+    saved = json.loads((tmp_path / "d5" / "htm-final-norm-seed0" / "config.json").read_text())
+    assert saved["args"]["core"] == "htm" and saved["core_options"]["final_norm"] is True  # a variant row
     assert all(0 <= row["success"] <= 100 for rows in extra["runs"].values() for row in rows)
     assert (tmp_path / "learning_curves.png").exists() and (tmp_path / "success_by_distractor.png").exists()

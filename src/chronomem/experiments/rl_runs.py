@@ -26,6 +26,17 @@ def check_no_time_budget(experiment: str, time_budget: float | None) -> None:
         raise ValueError(f"{experiment} is fixed by frame counts and takes no time budget, got {time_budget}")
 
 
+def row_core(model: str, options: dict) -> tuple[str, dict]:
+    """The core and its builder's options of one row of an RL table. A row is a core by its own name
+    (``"htm": {...}``), or a variant of one that names its core among its options (``"htm-final-norm":
+    {"core": "htm", "final_norm": True, ...}``: a deviation shown as its own row beside the paper's)."""
+    options = dict(options)
+    core = options.pop("core", model)
+    if not isinstance(core, str):
+        raise TypeError(f"row {model!r}: its option 'core' must name a registered core (a str), got {core!r}")
+    return core, options
+
+
 def check_cores(experiment: str, models: tuple[str, ...], env_id: str, ppo: dict, options: dict[str, dict]) -> None:
     """Build every model's agent once, so that a core that cannot be an agent (one that does not take
     ``done`` inside a call, or keeps no state) stops the run before any training, with a message
@@ -36,9 +47,10 @@ def check_cores(experiment: str, models: tuple[str, ...], env_id: str, ppo: dict
     env = make_env(env_id)
     try:
         for model in models:
-            args = Args(env=env_id, core=model, **ppo)
+            core, core_options = row_core(model, options.get(model, {}))
+            args = Args(env=env_id, core=core, **ppo)
             try:
-                make_agent(args, options.get(model, {}), env.observation_space, env.action_space)
+                make_agent(args, core_options, env.observation_space, env.action_space)
             except ValueError as err:
                 raise ValueError(f"{experiment}: model {model!r} cannot be trained as an agent yet: {err}") from None
     finally:
@@ -66,7 +78,8 @@ def ppo_run(env_id: str, model: str, options: dict, ppo: dict, frames: int, seed
     from chronomem.rl.ppo import Args, train
     from chronomem.train.resume import find_run
 
-    args = Args(env=env_id, core=model, total_frames=frames, seed=seed, progress=progress,
+    core, options = row_core(model, options)
+    args = Args(env=env_id, core=core, total_frames=frames, seed=seed, progress=progress,
                 out=None if out is None else str(out), **ppo)
     if reuse and out is not None:
         if (result := finished_run(args, options)) is not None:
