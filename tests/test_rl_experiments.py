@@ -413,7 +413,7 @@ def test_a_ballet_run_in_progress_is_plotted_from_its_metrics(tmp_path, monkeypa
 
 
 def test_visual_match_plots_the_choice_against_the_distractor_length(tmp_path, monkeypatch):
-    from chronomem.experiments.visual_match import plot_success_by_length
+    from chronomem.experiments.visual_match import DODGE, plot_success_by_length
 
     results = {"config": {"distractors": [30, 90, 250], "scale": "quick", "seeds": 2},
                "per_seed": {"mlp": {"d30": [30, 36], "d90": [33, 33], "d250": [31, 35]},
@@ -423,7 +423,10 @@ def test_visual_match_plots_the_choice_against_the_distractor_length(tmp_path, m
     ax = fig.axes[0]
     lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()
              if line.get_linestyle() != "--"}
-    assert lines == {"mlp": ([30, 90, 250], [33, 33, 33]), "htm": ([30, 90, 250], [97, 92, 85])}
+    # each core's points beside the length, the first core's left of it and the second's right
+    beside = {"mlp": [d / DODGE ** 0.5 for d in (30, 90, 250)], "htm": [d * DODGE ** 0.5 for d in (30, 90, 250)]}
+    assert lines == {"mlp": (pytest.approx(beside["mlp"]), [33, 33, 33]),
+                     "htm": (pytest.approx(beside["htm"]), [97, 92, 85])}
     assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"] == [pytest.approx(100 / 3)]
     bands = [c for c in ax.collections if not hasattr(c, "get_segments")]
     bars = [[[list(point) for point in segment] for segment in c.get_segments()] for c in ax.collections
@@ -431,8 +434,11 @@ def test_visual_match_plots_the_choice_against_the_distractor_length(tmp_path, m
     assert len(bands) == 2  # a seed band per core
     assert ax.get_legend().get_title().get_text() == "mean over 2 seeds, band and bars: lowest to highest seed"
     # a bar per core and length from the lowest seed to the highest: the spread where a band has no width (one length)
-    assert bars == [[[[30, 30], [30, 36]], [[90, 33], [90, 33]], [[250, 31], [250, 35]]],
-                    [[[30, 96], [30, 98]], [[90, 90], [90, 94]], [[250, 80], [250, 90]]]]
+    spreads = {"mlp": [(30, 36), (33, 33), (31, 35)], "htm": [(96, 98), (90, 94), (80, 90)]}
+    for segments, model in zip(bars, ("mlp", "htm"), strict=True):
+        assert segments == [[[pytest.approx(x), low], [pytest.approx(x), high]]
+                            for x, (low, high) in zip(beside[model], spreads[model], strict=True)]
+    assert [tick for tick in ax.get_xticks()] == [30, 90, 250]  # the lengths themselves label the axis
 
 
 @pytest.mark.parametrize("name, env_prefix", [("visual-match", "chronomem/VisualMatch-passive-d"),

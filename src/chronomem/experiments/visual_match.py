@@ -277,9 +277,14 @@ GAMES_SHOWN = {
 }
 
 
+DODGE = 1.03  # the factor between neighbouring cores' points at one length (plot_success_by_length)
+
+
 def plot_success_by_length(results: dict, path: Path) -> None:
     """success_by_distractor.png: right final choices (%) against the distractor's length, one line per
-    core (the mean over seeds, a band and a bar from the lowest to the highest seed), chance (1/3) dashed."""
+    core (the mean over seeds, a band and a bar from the lowest to the highest seed), chance (1/3) dashed.
+    Each core's points sit a little beside the length (``DODGE``, in its order), so that the cores' bars do
+    not hide one another (at one length they would all lie on one line)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -288,24 +293,27 @@ def plot_success_by_length(results: dict, path: Path) -> None:
     config = results["config"]
     game = GAMES_SHOWN[config.get("game", "visual_match")]
     lengths = list(config["distractors"])
-    fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(6.5, 4.6), layout="constrained")
+    cores = len(results["per_seed"])
     for i, (model, cells) in enumerate(results["per_seed"].items()):
         seeds = [cells[f"d{d}"] for d in lengths]
         mean = [sum(v) / len(v) for v in seeds]
-        ax.plot(lengths, mean, marker="o", color=f"C{i}", label=model)
+        at = [d * DODGE ** (i - (cores - 1) / 2) for d in lengths]  # beside the length, on the log axis
+        ax.plot(at, mean, marker="o", color=f"C{i}", label=model)
         lows, highs = [min(v) for v in seeds], [max(v) for v in seeds]
-        ax.fill_between(lengths, lows, highs, color=f"C{i}", alpha=0.15, linewidth=0)
-        ax.vlines(lengths, lows, highs, color=f"C{i}", alpha=0.5)  # the spread at each length (one length: no band)
+        ax.fill_between(at, lows, highs, color=f"C{i}", alpha=0.15, linewidth=0)
+        ax.vlines(at, lows, highs, color=f"C{i}", alpha=0.5)  # the spread at each length (one length: no band)
     if game.chance is not None:
         ax.axhline(game.chance, color="black", linestyle="--", linewidth=1, label="chance: a random square (1/3)")
     ax.set_xscale("log")
     ax.minorticks_off()
     ax.set_xticks(lengths, [str(d) for d in lengths])
     ax.set(xlabel="distractor phase (steps)", ylabel=f"{game.success} (%)", ylim=(0, 100),
+           xlim=(min(lengths) / 1.6, max(lengths) * 1.6),  # room for the dodged points, also at one length
            title=f"{game.experiment} ({config['scale']}): success against the distractor's length")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title=f"mean over {config['seeds']} seeds, band and bars: lowest to highest seed",
-              title_fontsize=8)
+              title_fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=3)  # below: no point hidden
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
