@@ -46,15 +46,13 @@ def recorded_reads(record):
         HTMAttention.read = original
 
 
-CHUNK = 16  # the quick agent's chunk size
-
-
 def quick_core(dim: int, **options):
-    """The quick RL agent's one-layer HTM (4 heads, chunks of 16, top-4 of 24, window 16), with ``options``."""
+    """The quick RL agent's HTM (visual_match's CPU_AGENT and CPU_HTM: one layer, 4 heads, chunks of 16,
+    top-4 of 24, window 16), with ``options``."""
+    from chronomem.experiments.visual_match import CPU_AGENT, CPU_HTM
     from chronomem.htm import build_htm
 
-    return build_htm(dim, 1, 4, chunk_size=CHUNK, top_k=4, memory_size=24, window=16, memory_gradient=True,
-                     **options)
+    return build_htm(dim, CPU_AGENT["depth"], CPU_AGENT["heads"], **CPU_HTM, **options)
 
 
 def main(argv=None) -> None:
@@ -86,6 +84,9 @@ def main(argv=None) -> None:
         print(f"| {init_scale} | {fmean(inputs):.2f} | {fmean(reads):.2f} | {fmean(reads) / fmean(inputs):.2f} "
               f"| {fmean(updates):.2f} |")
     print()
+    from chronomem.experiments.visual_match import CPU_HTM
+
+    chunk = CPU_HTM["chunk_size"]
     print("| layer | output before the first chunk completes | after |")
     print("|---|---|---|")
     for name, options in OUTPUT_VARIANTS.items():
@@ -96,8 +97,8 @@ def main(argv=None) -> None:
             with torch.no_grad():
                 y, _ = core(args.input_scale * torch.randn(args.batch, args.steps, args.dim))
             norms = y.norm(dim=-1)
-            before.append(norms[:, :CHUNK].mean().item())  # no chunk complete yet: nothing read
-            after.append(norms[:, CHUNK:].mean().item())
+            before.append(norms[:, :chunk].mean().item())  # no chunk complete yet: nothing read
+            after.append(norms[:, chunk:].mean().item())
         print(f"| {name} | {fmean(before):.2f} | {fmean(after):.2f} |")
 
 

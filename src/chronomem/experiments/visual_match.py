@@ -115,16 +115,26 @@ CPU_AGENT = dict(dim=64, depth=1, heads=4, hidden=64, visual="cells")
 # then read it at a fixed scale, as Transformer-XL's do, and not at one that quadruples once the first chunk
 # completes (docs/htm.md, "final_norm"; on Key-to-Door it credits the key, docs/rl.md "key-to-door").
 CPU_HTM = dict(chunk_size=16, top_k=4, memory_size=24, window=16, memory_gradient=True)
-CPU_MODELS = {"mlp": {}, "lstm": {}, "htm": CPU_HTM, "htm-final-norm": dict(core="htm", **CPU_HTM, final_norm=True),
-              "transformer-xl": dict(mem_len=256)}
+
+
+def with_htm_final_norm(models: dict) -> dict:
+    """``models`` with the row ``htm-final-norm`` right after ``htm``: HTM's options and the output LayerNorm."""
+    rows = {}
+    for name, options in models.items():
+        rows[name] = options
+        if name == "htm":
+            rows["htm-final-norm"] = dict(core="htm", **options, final_norm=True)
+    return rows
+
+
+CPU_MODELS = with_htm_final_norm({"mlp": {}, "lstm": {}, "htm": CPU_HTM, "transformer-xl": dict(mem_len=256)})
 
 SCALES = {
     "smoke": TVTScale(
         distractors=(5,), episodes=4, seeds=1, eval_episodes=2,
         ppo=dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1,
                  reward_part="apple_reward"),
-        models={"mlp": {}, "lstm": {}, "htm": dict(chunk_size=4, memory_size=4, top_k=2),
-                "htm-final-norm": dict(core="htm", chunk_size=4, memory_size=4, top_k=2, final_norm=True)},
+        models=with_htm_final_norm({"mlp": {}, "lstm": {}, "htm": dict(chunk_size=4, memory_size=4, top_k=2)}),
         control_episodes=2),
     # The settings that learned the control soonest and held it (docs/rl.md "Visual Match": eight epochs
     # per rollout; the apples' return learned apart, --reward-part, a deviation: with four epochs, or one
@@ -150,9 +160,8 @@ SCALES = {
         distractors=(90, 250, 500), episodes=100_000, seeds=3, eval_episodes=1000,
         ppo=dict(dim=256, depth=2, heads=8, hidden=256, visual="cells", num_envs=64, num_steps=128,
                  num_minibatches=8, update_epochs=4, lr=3e-4, ent_coef=0.01, norm_adv=True, checkpoint_every=500),
-        models={"mlp": {}, "lstm": {}, "htm": dict(chunk_size=32, top_k=8, memory_size=24),
-                "htm-final-norm": dict(core="htm", chunk_size=32, top_k=8, memory_size=24, final_norm=True),
-                "transformer-xl": dict(mem_len=512)},
+        models=with_htm_final_norm({"mlp": {}, "lstm": {}, "htm": dict(chunk_size=32, top_k=8, memory_size=24),
+                                    "transformer-xl": dict(mem_len=512)}),
         control_episodes=50_000),
 }
 
