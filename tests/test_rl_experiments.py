@@ -184,9 +184,10 @@ def test_a_finished_run_is_loaded_as_it_ended(tmp_path, monkeypatch):
                         tmp_path / "run", progress=False, reuse=True)
 
 
-def test_a_row_may_be_a_variant_of_a_core_that_it_names(tmp_path):
+def test_a_row_may_be_a_variant_of_a_core_that_it_names(tmp_path, capsys):
     """``{"htm-final-norm": {"core": "htm", ...}}``: the row trains the named core with the other options,
-    is reused as itself by --resume, and a bad ``core`` is refused before anything trains."""
+    its progress line names the row, it is reused as itself by --resume, and a bad ``core`` is refused
+    before anything trains."""
     from chronomem.experiments import rl_runs
 
     settings = dict(dim=16, depth=1, heads=2, hidden=16, num_envs=2, num_steps=8, num_minibatches=1,
@@ -197,9 +198,11 @@ def test_a_row_may_be_a_variant_of_a_core_that_it_names(tmp_path):
     assert rl_runs.row_core("lstm", {}) == ("lstm", {})
     env = "popgym-RepeatPreviousEasy-v0"
     rl_runs.check_cores("exp", ("htm-final-norm",), env, settings, {"htm-final-norm": options})
-    trained = rl_runs.ppo_run(env, "htm-final-norm", options, settings, 32, 0, tmp_path / "run", progress=False)
+    trained = rl_runs.ppo_run(env, "htm-final-norm", options, settings, 32, 0, tmp_path / "run", progress=True)
+    assert f"htm-final-norm on {env}, seed 0" in capsys.readouterr().err
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["args"]["core"] == "htm" and saved["core_options"]["final_norm"] is True
+    assert saved["args"]["name"] == "htm-final-norm"
     assert "core" not in saved["core_options"]
     assert trained.agent.core.norm is not None  # final_norm reached the core's builder
     loaded = rl_runs.ppo_run(env, "htm-final-norm", options, settings, 32, 0, tmp_path / "run", progress=False,

@@ -80,7 +80,7 @@ def ppo_run(env_id: str, model: str, options: dict, ppo: dict, frames: int, seed
 
     core, options = row_core(model, options)
     args = Args(env=env_id, core=core, total_frames=frames, seed=seed, progress=progress,
-                out=None if out is None else str(out), **ppo)
+                out=None if out is None else str(out), name=model if model != core else None, **ppo)
     if reuse and out is not None:
         if (result := finished_run(args, options)) is not None:
             return result
@@ -113,7 +113,7 @@ class PPORun:
                        None if self.out is None else Path(self.out), self.progress, self.reuse)
 
 
-BOOKKEEPING = ("out", "progress", "checkpoint_every")  # Args fields a finished run may differ in
+BOOKKEEPING = ("out", "progress", "checkpoint_every", "name")  # Args fields a finished run may differ in
 
 
 def finished_run(args, options: dict):

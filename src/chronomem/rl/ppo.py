@@ -584,8 +584,9 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             continue_run_dir(run_dir, logger, restored,
                              {"kind": "ppo", "args": dataclasses.asdict(args), "core_options": core_options})
         ranks = f", {ctx.world_size} ranks" if ctx.distributed else ""
-        reporter = Progress(num_updates * frames_per_update, f"{args.core} on {args.env}, seed {args.seed}{ranks}",
-                            args.progress and ctx.is_main, unit="frame", initial=frames, unit_scale=True)
+        label = f"{args.name or args.core} on {args.env}, seed {args.seed}{ranks}"
+        reporter = Progress(num_updates * frames_per_update, label, args.progress and ctx.is_main, unit="frame",
+                            initial=frames, unit_scale=True)
         reporter.update(frames, {"mean return": "—"})  # until an episode ends; fixes the order of the metrics
         model = compiled(agent, args)  # what acts and replays; ``agent`` holds the weights and is saved
         next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))

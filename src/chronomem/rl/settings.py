@@ -96,6 +96,8 @@ class Args:
     log_every: int = setting(1, "updates between logged rows", resumable=True, low=1)
     checkpoint_every: int = setting(0, "updates between checkpoints (0: only the final one)", resumable=True, low=0)
     out: str | None = setting(None, "run directory (config.json, metrics.csv, checkpoints)")
+    name: str | None = setting(None, "what the progress line calls the run (default: the core's name; an "
+                               "experiment gives its table row's, e.g. htm-final-norm)", resumable=True)
     progress: bool = setting(True, "show a progress bar or lines on stderr", resumable=True, aliases=("--quiet",))
     device: str | None = setting(None, "cpu, cuda, cuda:1 ... (default: cuda if available)", resumable=True)
     compile: bool = setting(False, "torch.compile the agent's forward, for acting and for the replay with its "
