@@ -25,6 +25,8 @@ from statistics import fmean
 
 import torch
 
+from chronomem.experiments.visual_match import CPU_AGENT, CPU_HTM
+
 
 @contextlib.contextmanager
 def recorded_reads(record):
@@ -49,7 +51,6 @@ def recorded_reads(record):
 def quick_core(dim: int, **options):
     """The quick RL agent's HTM (visual_match's CPU_AGENT and CPU_HTM: one layer, 4 heads, chunks of 16,
     top-4 of 24, window 16), with ``options``."""
-    from chronomem.experiments.visual_match import CPU_AGENT, CPU_HTM
     from chronomem.htm import build_htm
 
     return build_htm(dim, CPU_AGENT["depth"], CPU_AGENT["heads"], **CPU_HTM, **options)
@@ -84,8 +85,6 @@ def main(argv=None) -> None:
         print(f"| {init_scale} | {fmean(inputs):.2f} | {fmean(reads):.2f} | {fmean(reads) / fmean(inputs):.2f} "
               f"| {fmean(updates):.2f} |")
     print()
-    from chronomem.experiments.visual_match import CPU_HTM
-
     chunk = CPU_HTM["chunk_size"]
     print("| layer | output before the first chunk completes | after |")
     print("|---|---|---|")

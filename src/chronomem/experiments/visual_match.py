@@ -111,14 +111,15 @@ CPU_AGENT = dict(dim=64, depth=1, heads=4, hidden=64, visual="cells")
 # at quick").
 # Transformer-XL's extra length is the paper's 256 (App. A Table 1): it attends to the whole episode, as
 # in the paper's short Ballet levels.
-# htm-final-norm is the same HTM agent with a LayerNorm on its output (final_norm, a deviation): the heads
-# then read it at a fixed scale, as Transformer-XL's do, and not at one that quadruples once the first chunk
-# completes (docs/htm.md, "final_norm"; on Key-to-Door it credits the key, docs/rl.md "key-to-door").
 CPU_HTM = dict(chunk_size=16, top_k=4, memory_size=24, window=16, memory_gradient=True)
 
 
 def with_htm_final_norm(models: dict) -> dict:
-    """``models`` with the row ``htm-final-norm`` right after ``htm``: HTM's options and the output LayerNorm."""
+    """``models`` with the row ``htm-final-norm`` right after ``htm``: HTM's options and the output LayerNorm.
+
+    htm-final-norm is the same HTM agent with a LayerNorm on its output (final_norm, a deviation): the heads
+    then read it at a fixed scale, as Transformer-XL's do, and not at one that quadruples once the first chunk
+    completes (docs/htm.md, "final_norm"; on Key-to-Door it credits the key, docs/rl.md "key-to-door")."""
     rows = {}
     for name, options in models.items():
         rows[name] = options
