@@ -509,7 +509,9 @@ def produced_at(name: str, scale: str) -> dict[str, set[str]]:
     if name in ("popgym", "popgym-harder"):
         s = popgym.EXPERIMENT_SCALES[name][scale]
         return table(s.models, [popgym._name(e) for e in s.envs])
-    if name in ("visual-match", "key-to-door"):
+    if name in visual_match.GAME_SCALES:
+        if scale not in visual_match.GAME_SCALES[name]:  # visual-match-d30 has no paper scale
+            return {}
         s = visual_match.GAME_SCALES[name][scale]
         return table(s.models, [f"d{d}" for d in s.distractors])
     if name == "ssl":
@@ -534,7 +536,7 @@ def problems(claim: Claim, produced: dict[str, set[str]]) -> list[str]:
 CLAIMED = ("copy-baselines", "transfer-copy", "denoise", "ballet", "pai", "listops", "listops-length",
            "resolution-transfer", "resolution-transfer-learned", "lm", "minigrid-transfer", "ballet-rl", "babyai",
            "babyai-multi", "popgym", "visual-match", "ssl", "decision-transformer", "listops-length-easy",
-           "key-to-door", "popgym-harder")
+           "key-to-door", "popgym-harder", "visual-match-d30")
 
 
 @pytest.mark.parametrize("name", CLAIMED)

@@ -461,3 +461,26 @@ def test_the_tvt_experiments_train_their_control_and_each_length(tmp_path, name,
     assert saved["args"]["core"] == "htm" and saved["core_options"]["final_norm"] is True  # a variant row
     assert all(0 <= row["success"] <= 100 for rows in extra["runs"].values() for row in rows)
     assert (tmp_path / "learning_curves.png").exists() and (tmp_path / "success_by_distractor.png").exists()
+
+
+def test_visual_match_d30_is_quick_at_30_with_twice_the_episodes_and_a_floor_and_gate_row(tmp_path):
+    """visual-match-d30: quick's PPO settings and agents at its longest distractor with twice its episodes, the
+    control at that distractor, and the row htm-floor-gate (HTM with relevance_floor and read_gate)."""
+    from chronomem.experiments.visual_match import CPU_HTM, D30_SCALES, SCALES
+
+    quick, d30 = SCALES["quick"], D30_SCALES["quick"]
+    assert d30.ppo == quick.ppo and d30.distractors == (max(quick.distractors),)
+    assert d30.frames(30) == 2 * quick.frames(30) == 3_000_000
+    assert d30.control_frames == pytest.approx(quick.control_frames, rel=0.03)  # about its frames, now at 30
+    assert d30.models["htm"] == CPU_HTM
+    assert d30.models["htm-floor-gate"] == dict(core="htm", **CPU_HTM, relevance_floor=0.6, read_gate=0.0)
+    with pytest.raises(ValueError, match="scale of visual-match-d30 must be one of"):
+        run_experiment(get_experiment("visual-match-d30"), "paper", tmp_path / "paper", progress=False)
+
+    results = run_experiment(get_experiment("visual-match-d30"), "smoke", tmp_path, progress=False)
+    assert results["config"]["control_env"] == "chronomem/VisualMatch-passive-d5-control-v0"
+    saved = json.loads((tmp_path / "d5" / "htm-floor-gate-seed0" / "config.json").read_text())
+    assert saved["args"]["core"] == "htm" and saved["args"]["name"] == "htm-floor-gate"
+    assert saved["core_options"]["relevance_floor"] == 0.6 and saved["core_options"]["read_gate"] == 0.0
+    assert set(results["results"]) == set(results["control"]["learned"]) == {"mlp", "htm-floor-gate"}
+    assert results["experiment"] == "visual-match-d30"

@@ -42,7 +42,7 @@ SCALE_TABLES = {
     "popgym": popgym.SCALES, "popgym-harder": popgym.HARDER_SCALES, "minigrid-transfer": minigrid.SCALES,
     "ssl": ssl.SCALES,
     "decision-transformer": decision_transformer.SCALES, "listops-length-easy": listops.EASY_SCALES,
-    "visual-match": visual_match.SCALES, "key-to-door": visual_match.KEY_TO_DOOR_SCALES,
+    **visual_match.GAME_SCALES,
 }
 MISSING = "(not recorded)"
 
