@@ -45,6 +45,7 @@ SCALE_TABLES = {
     **visual_match.GAME_SCALES,
 }
 MISSING = "(not recorded)"
+PER_MODEL = ("model_ppo",)  # {model: settings} fields: a model added since does not change the runs recorded
 
 
 def as_json(value):
@@ -74,6 +75,11 @@ def changed_settings(scale, config: dict) -> dict:
         if isinstance(now, dict) and isinstance(was, list):  # the models chosen among the scale's
             if not set(was) <= set(now):
                 changed[name] = (was, sorted(now))
+        elif name in PER_MODEL and isinstance(recorded.get("models"), list):  # only the models that ran
+            ran = set(recorded["models"])
+            was_ran, now_ran = ({m: v for m, v in d.items() if m in ran} for d in (was, now))
+            if was_ran != now_ran:
+                changed[name] = (was_ran, now_ran)
         elif was != now:
             changed[name] = (was, now)
     return changed
@@ -109,3 +115,12 @@ def test_a_changed_setting_is_caught():
     assert changed_settings(dataclasses.replace(scale, warmup=5), recorded) == {"warmup": (MISSING, 5)}  # ...not else
     recorded["scale"]["models"] = ["htm", "lstm"]  # a model the scale does not have any more
     assert "models" in changed_settings(scale, recorded)
+    # a model's own PPO changes count for the models that ran, not for a model added since
+    quick = ballet_rl.SCALES["quick"]
+    recorded = {"scale": {**as_json(dataclasses.asdict(quick)), "models": ["mlp", "htm"]}}
+    assert changed_settings(quick, recorded) == {}
+    added = dataclasses.replace(quick, models={**quick.models, "new": {}},
+                                model_ppo={**quick.model_ppo, "new": {"depth": 3}})
+    assert changed_settings(added, recorded) == {}
+    ran = dataclasses.replace(quick, model_ppo={**quick.model_ppo, "htm": {"depth": 3}})
+    assert changed_settings(ran, recorded) == {"model_ppo": ({"htm": {"depth": 1}}, {"htm": {"depth": 3}})}
