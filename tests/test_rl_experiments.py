@@ -196,6 +196,7 @@ def test_a_row_may_be_a_variant_of_a_core_that_it_names(tmp_path, capsys):
     assert rl_runs.row_core("htm-final-norm", options) == ("htm", dict(chunk_size=4, memory_size=4, top_k=2,
                                                                       final_norm=True))
     assert rl_runs.row_core("lstm", {}) == ("lstm", {})
+    assert rl_runs.variant_row("htm", dict(chunk_size=4, memory_size=4, top_k=2), final_norm=True) == options
     env = "popgym-RepeatPreviousEasy-v0"
     rl_runs.check_cores("exp", ("htm-final-norm",), env, settings, {"htm-final-norm": options})
     trained = rl_runs.ppo_run(env, "htm-final-norm", options, settings, 32, 0, tmp_path / "run", progress=True)

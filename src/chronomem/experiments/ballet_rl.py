@@ -43,6 +43,7 @@ from chronomem.experiments.rl_runs import (
     curve,
     mean_curve,
     plot_curves,
+    variant_row,
 )
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
@@ -93,7 +94,7 @@ CPU_AGENT = dict(dim=64, depth=2, heads=4, hidden=128, visual="cells", reconstru
 # near chance at distractor 5 and learned fast with the gradient (docs/rl.md, "HTM's memory at quick").
 CPU_HTM = dict(chunk_size=32, top_k=8, memory_size=40)
 CPU_MODELS = {"mlp": dict(), "lstm": dict(), "htm": CPU_HTM,
-              "htm-memory-gradient": dict(core="htm", **CPU_HTM, memory_gradient=True),
+              "htm-memory-gradient": variant_row("htm", CPU_HTM, memory_gradient=True),
               "transformer-xl": dict(mem_len=256)}
 
 SCALES = {

@@ -37,6 +37,11 @@ def row_core(model: str, options: dict) -> tuple[str, dict]:
     return core, options
 
 
+def variant_row(core: str, options: dict, **changes) -> dict:
+    """The options of a row that is ``core`` with ``options`` and ``changes`` (the format ``row_core`` reads)."""
+    return dict(core=core, **options, **changes)
+
+
 def check_cores(experiment: str, models: tuple[str, ...], env_id: str, ppo: dict, options: dict[str, dict]) -> None:
     """Build every model's agent once, so that a core that cannot be an agent (one that does not take
     ``done`` inside a call, or keeps no state) stops the run before any training, with a message

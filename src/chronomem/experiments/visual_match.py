@@ -52,6 +52,7 @@ from chronomem.experiments.rl_runs import (
     control_summary,
     curve,
     plot_curves,
+    variant_row,
 )
 from chronomem.registry import register_experiment
 from chronomem.report import Claim
@@ -129,7 +130,7 @@ def with_htm_final_norm(models: dict) -> dict:
     for name, options in models.items():
         rows[name] = options
         if name == "htm":
-            rows["htm-final-norm"] = dict(core="htm", **options, final_norm=True)
+            rows["htm-final-norm"] = variant_row("htm", options, final_norm=True)
     return rows
 
 
@@ -190,10 +191,10 @@ KEY_TO_DOOR_SCALES["quick"] = replace(KEY_TO_DOOR_SCALES["quick"], distractors=(
 # left out: at quick's 1.5M it learns every seed at 30 already.
 HTM_FLOOR_GATE = dict(relevance_floor=0.6, read_gate=0.0)
 D30_SCALES = {
-    "smoke": replace(SCALES["smoke"], models={"mlp": {}, "htm-floor-gate": dict(
-        core="htm", **SCALES["smoke"].models["htm"], **HTM_FLOOR_GATE)}),
+    "smoke": replace(SCALES["smoke"], models={
+        "mlp": {}, "htm-floor-gate": variant_row("htm", SCALES["smoke"].models["htm"], **HTM_FLOOR_GATE)}),
     "quick": replace(SCALES["quick"], distractors=(30,), episodes=50_000, control_episodes=50_000,
-                     models={"mlp": {}, "lstm": {}, "htm-floor-gate": dict(core="htm", **CPU_HTM, **HTM_FLOOR_GATE),
+                     models={"mlp": {}, "lstm": {}, "htm-floor-gate": variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE),
                              "htm": CPU_HTM}),
 }
 GAME_SCALES = {"visual-match": SCALES, "key-to-door": KEY_TO_DOOR_SCALES, "visual-match-d30": D30_SCALES}
