@@ -534,6 +534,28 @@ def test_run_never_overwrites_earlier_results(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "copy-baselines" / "results.json").read_bytes() == first
 
 
+def test_resume_adds_models_to_finished_results_and_keeps_their_rows(tmp_path, monkeypatch, capsys):
+    """--resume may rewrite a finished experiment's results.json only to add rows: same experiment, scale
+    and seed, every model it holds named again; the rows it had come back equal (from the same runs)."""
+    monkeypatch.chdir(tmp_path)
+    run = ["run", "copy-baselines", "--scale", "smoke", "--quiet"]
+    assert main([*run, "--models", "lstm", "--out", "first"]) == 0
+    first = json.loads((tmp_path / "first" / "results.json").read_text())
+    capsys.readouterr()
+    refused = [(["--scale", "smoke", "--models", "transformer"], "holds lstm, which --models leaves out"),
+               (["--scale", "smoke", "--models", "lstm", "transformer", "--seed", "1"], "another run (seed 0)"),
+               (["--scale", "quick", "--models", "lstm", "transformer"], "another run (scale 'smoke')")]
+    for flags, needle in refused:
+        argv = ["run", "copy-baselines", "--quiet", "--resume", "first", *flags]
+        assert_one_line_error(main(argv), capsys, "run", needle)
+        assert json.loads((tmp_path / "first" / "results.json").read_text()) == first
+    assert main([*run, "--models", "lstm", "transformer", "--resume", "first"]) == 0
+    both = json.loads((tmp_path / "first" / "results.json").read_text())
+    assert list(both["results"]) == ["lstm", "transformer"]
+    assert both["results"]["lstm"] == first["results"]["lstm"] and both["per_seed"] == {
+        **first["per_seed"], "transformer": both["per_seed"]["transformer"]}
+
+
 def test_help_and_version_start_without_torch():
     # `chronomem --help`, `--version` and a command's bare usage build no config dataclass, so torch is not
     # imported (a second or more of start-up); training commands still import it when they build their flags.

@@ -274,6 +274,35 @@ def cmd_report(args) -> int:
     return 0
 
 
+def check_results_kept(out: Path, args, experiment: str) -> None:
+    """A run never overwrites another run's files: refuse an ``out`` that holds results.json, except where
+    ``--resume`` adds rows to that very experiment (its name, scale and seed) and keeps every model it
+    measured among ``--models``. Its new results.json then holds those rows again, made from the same
+    finished runs (each reloaded from its last checkpoint, its evaluation drawn from the random state
+    saved there), beside the rows added."""
+    path = out / "results.json"
+    if not path.exists():
+        return
+    if args.resume is None:
+        raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
+                         "directory, or leave --out out to get a new one under runs/ (to add models to it: "
+                         f"--resume {out} --models, naming the ones it has too)")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--resume {out}: cannot read its results.json ({err})") from None
+    ran = {"experiment": saved.get("experiment"), "scale": saved.get("scale"), "seed": saved.get("seed")}
+    asked = {"experiment": experiment, "scale": args.scale, "seed": args.seed}
+    if ran != asked:
+        shown = ", ".join(f"{key} {ran[key]!r}" for key in ran if ran[key] != asked[key])
+        raise ValueError(f"--resume {out}: its results.json is of another run ({shown}); resume it with the same "
+                         "experiment, --scale and --seed, or choose another directory")
+    dropped = [model for model in saved.get("results", {}) if args.models is not None and model not in args.models]
+    if dropped:
+        raise ValueError(f"--resume {out}: its results.json holds {', '.join(dropped)}, which --models leaves "
+                         "out; name every model it holds (and the ones to add), so that no row is lost")
+
+
 def cmd_run(args) -> int:
     from chronomem.experiments import run_experiment
     from chronomem.experiments.jobs import Jobs
@@ -293,9 +322,7 @@ def cmd_run(args) -> int:
         out = check_out_dir(args.resume, "--resume")
     else:
         out = check_out_dir(args.out) if args.out else check_out_dir(fresh_run_dir(Path("runs") / args.experiment))
-    if (out / "results.json").exists():  # a run never overwrites another run's files
-        raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
-                         "directory, or leave --out out to get a new one under runs/")
+    check_results_kept(out, args, experiment.name)
     data = {} if args.data_dir is None else {"data_dir": args.data_dir}  # for the experiments that read data files
     results = run_experiment(experiment, args.scale, out, seed=args.seed, models=args.models,
                              progress=not args.quiet, time_budget=args.time_budget,
