@@ -287,17 +287,16 @@ def check_results_kept(out: Path, args, experiment: str) -> None:
         raise ValueError(f"--out {out} already holds an experiment's results (results.json): choose another "
                          "directory, or leave --out out to get a new one under runs/ (to add models to it: "
                          f"--resume {out} --models, naming the ones it has too)")
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--resume {out}: cannot read its results.json ({err})") from None
+    from chronomem.report import load_results
+
+    saved = load_results(path)  # a ValueError naming the file if it is not a results.json
     ran = {"experiment": saved.get("experiment"), "scale": saved.get("scale"), "seed": saved.get("seed")}
     asked = {"experiment": experiment, "scale": args.scale, "seed": args.seed}
     if ran != asked:
         shown = ", ".join(f"{key} {ran[key]!r}" for key in ran if ran[key] != asked[key])
         raise ValueError(f"--resume {out}: its results.json is of another run ({shown}); resume it with the same "
                          "experiment, --scale and --seed, or choose another directory")
-    dropped = [model for model in saved.get("results", {}) if args.models is not None and model not in args.models]
+    dropped = [] if args.models is None else [model for model in saved["results"] if model not in args.models]
     if dropped:
         raise ValueError(f"--resume {out}: its results.json holds {', '.join(dropped)}, which --models leaves "
                          "out; name every model it holds (and the ones to add), so that no row is lost")
