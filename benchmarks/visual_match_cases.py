@@ -5,7 +5,7 @@ wrong (another square) or none (no square touched before the reward phase's time
 not learned the choice is wrong about twice as often as right; one that has learned it except for some
 cases shows them here (docs/rl.md, "Visual Match": the memoryless control's 77-82%).
 
-    python benchmarks/visual_match_cases.py RUN [--episodes 10] [--greedy] [--env ID]
+    python benchmarks/visual_match_cases.py RUN [--episodes 10] [--greedy] [--env ID] [--jsonl FILE]
 
 RUN is a PPO run directory (its newest checkpoint) or one of its checkpoints, e.g.
 ``docs/measured/visual-match/quick-run-reconstruction/control/mlp-seed1``. Passive, symbolic envs only (the squares are
@@ -80,6 +80,7 @@ def main(argv=None) -> None:
     parser.add_argument("--greedy", action="store_true", help="the most likely action (default: sampled)")
     parser.add_argument("--env", default=None, help="Gymnasium id (default: the run's env)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the layouts and of the sampled actions")
+    parser.add_argument("--jsonl", help="append the whole record, every case's counts, to this file")
     a = parser.parse_args(argv)
     if a.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {a.episodes}")
@@ -92,6 +93,9 @@ def main(argv=None) -> None:
     for name, counts in found["cases"].items():
         print(f"{name}: " + ", ".join(f"{k} {counts[k]}" for k in OUTCOMES))
     print(json.dumps({k: v for k, v in found.items() if k != "cases"}))
+    if a.jsonl:
+        with open(a.jsonl, "a") as f:
+            f.write(json.dumps(found) + "\n")
 
 
 if __name__ == "__main__":

@@ -223,6 +223,29 @@ def test_visual_match_cases_counts_right_wrong_and_no_square():
         cases.play_cases(_Walker(0), key_to_door_id(5), episodes=1, greedy=True)
 
 
+def test_visual_match_cases_main_appends_every_case_to_jsonl(tmp_path, capsys):
+    import json
+
+    from tests.helpers import load_benchmark
+
+    from chronomem.rl.ppo import Args, train
+
+    run = tmp_path / "run"
+    train(Args(env=visual_match_id("passive", 5, control=True), core="mlp", dim=8, hidden=8, num_envs=2,
+               num_steps=35, num_minibatches=1, update_epochs=1, total_frames=70, device="cpu", progress=False,
+               out=str(run)))
+    records = tmp_path / "cases.jsonl"
+    cases = load_benchmark("visual_match_cases")
+    for _ in range(2):  # appended, never overwritten
+        cases.main([str(run), "--episodes", "1", "--greedy", "--jsonl", str(records)])
+    first, second = (json.loads(line) for line in records.read_text().splitlines())
+    assert first == second  # the same layouts and greedy actions
+    assert len(first["cases"]) == 18 and sum(first["total"].values()) == 18 and first["greedy"]
+    assert first["total"] == {k: sum(c[k] for c in first["cases"].values()) for k in ("right", "wrong", "none")}
+    assert first["checkpoint"] == "step_00000070"
+    assert capsys.readouterr().out.count("colours (") == 36  # each call still prints its 18 cases
+
+
 def test_quick_htm_reaches_the_cue_only_through_its_chunk_memory():
     # HTM's local attention (the visibility rule, ops.htm_local's reference) must not see the explore phase
     # from any step of the reward phase at a quick length, or the "memory" row reads the cue through its
