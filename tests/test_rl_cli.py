@@ -54,6 +54,12 @@ def test_train_resume_eval_and_gif(tmp_path, capsys):
     evaluation = json.loads(capsys.readouterr().out)
     assert evaluation["episodes"] == 5 and evaluation["env"] == CUE and evaluation["checkpoint"] == "step_00000032"
     assert 0.0 <= evaluation["return_mean"] <= 1.0
+    evaluations = []
+    for burn in (0, 1000):  # torch's global generator moved on: --seed (default 0) alone decides the draws
+        torch.rand(burn)
+        assert main(["rl", "eval", str(out), "--episodes", "32", "--num-envs", "4"]) == 0
+        evaluations.append(json.loads(capsys.readouterr().out))
+    assert evaluations[0] == evaluations[1]
     assert main(["rl", "eval", str(out), "--gif", str(tmp_path / "a.gif")]) == 2
     assert "renders no rgb_array frames" in capsys.readouterr().err
     assert main(["rl", "eval", str(out), "--episodes", "0"]) == 2

@@ -162,3 +162,19 @@ def test_evaluate_shows_progress_over_episodes_and_steps(monkeypatch, capsys):
     assert lines[-1].startswith(f"evaluating on {CUE}: done, 3 episodes in")
     evaluate(agent, CUE, episodes=3, num_envs=2, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_evaluate_draws_its_actions_from_action_seed_whatever_ran_before():
+    pytest.importorskip("gymnasium")
+    from chronomem.rl.evaluate import evaluate
+
+    agent = tiny_agent(CUE)
+
+    def after(burn: int, **seeded) -> dict:
+        torch.manual_seed(0)
+        torch.rand(burn)  # what ran before in the process moved torch's global generator on
+        return evaluate(agent, CUE, episodes=32, num_envs=4, progress=False, **seeded)
+
+    assert after(0, action_seed=5) == after(1000, action_seed=5)
+    assert after(0) != after(1000)  # the global generator's draws: the counts above could tell them apart
+    assert after(0, action_seed=5) != after(0, action_seed=6)

@@ -234,10 +234,12 @@ def cmd_rl_eval(args) -> int:
     agent, saved, checkpoint = load_agent(args.run, args.env, args.device)
     env = args.env or saved.env
     result = {"run": str(checkpoint.parent.parent), "checkpoint": checkpoint.name,
-              **evaluate(agent, env, args.episodes, args.seed, args.num_envs, args.greedy, progress=not args.quiet)}
+              **evaluate(agent, env, args.episodes, args.seed, args.num_envs, args.greedy, progress=not args.quiet,
+                         action_seed=args.seed)}
     if args.gif:
         check_out_dir(Path(args.gif).parent, "--gif").mkdir(parents=True, exist_ok=True)
-        result["gif_episode"] = record_gif(agent, env, args.gif, args.seed, args.greedy, progress=not args.quiet)
+        result["gif_episode"] = record_gif(agent, env, args.gif, args.seed, args.greedy, progress=not args.quiet,
+                                           action_seed=args.seed)
     print(json.dumps(result))
     return 0
 

@@ -56,10 +56,11 @@ def sampled(logits: Tensor) -> tuple[Tensor, Tensor]:
     return action.squeeze(-1), logp.gather(-1, action).squeeze(-1)
 
 
-def drawn(logits: Tensor) -> tuple[Tensor, None]:
+def drawn(logits: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, None]:
     """An action drawn from the policy without its log-probability (the evaluation's: softmax
-    probabilities, the same draws as before PPO and the evaluation shared this loop)."""
-    return torch.multinomial(logits.softmax(-1), 1).squeeze(-1), None
+    probabilities, the same draws as before PPO and the evaluation shared this loop), from ``generator``
+    (default: torch's global one)."""
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1), None
 
 
 def most_likely(logits: Tensor) -> tuple[Tensor, None]:

@@ -7,6 +7,7 @@ steps so far as the sign of life, since episodes played side by side all end nea
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from chronomem.agents import ActorCritic
 from chronomem.envs.make import env_seeds, make_env, make_vector_env
 from chronomem.progress import Progress
-from chronomem.rl.acting import Acting, act, drawn, most_likely, obs_map
+from chronomem.rl.acting import Acting, Choose, act, drawn, most_likely, obs_map
 from chronomem.rl.ppo import Args, make_agent
 from chronomem.train.checkpoint import CheckpointError, load_weights
 from chronomem.train.distributed import default_device
@@ -44,11 +45,26 @@ def _reporter(total: int, label: str, progress: bool) -> Progress:
     return Progress(total, label, progress, unit="episode")
 
 
+def choose_action(greedy: bool, action_seed: int | None, device) -> Choose:
+    """How the evaluation and the GIF act: the most likely action (``greedy``), or one drawn from the
+    policy, by a generator of its own seeded with ``action_seed`` (the same draws whatever ran before in
+    the process: ``chronomem rl eval --seed``), or by torch's global generator where it is None (the
+    experiments' evaluations, which follow their training's draws)."""
+    if greedy:
+        return most_likely
+    if action_seed is None:
+        return drawn
+    generator = torch.Generator(device=device).manual_seed(action_seed)
+    return partial(drawn, generator=generator)
+
+
 @torch.inference_mode()
 def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0, num_envs: int = 16,
-             greedy: bool = False, progress: bool = True, **env_options) -> dict[str, Any]:
+             greedy: bool = False, progress: bool = True, action_seed: int | None = None,
+             **env_options) -> dict[str, Any]:
     """Mean return over ``episodes`` episodes of ``env_id`` (actions sampled, or the most likely with
-    ``greedy``; ``env_options`` go to ``gym.make``, e.g. ``max_episode_steps``). Environment i runs a
+    ``greedy``; ``action_seed``: ``choose_action``; ``env_options`` go to ``gym.make``, e.g.
+    ``max_episode_steps``). Environment i runs a
     fixed share of the episodes, so short episodes are not favoured (counting the first ``episodes``
     to end would be). Only the returns and lengths are kept, whatever the episodes' length, and each
     episode's ``success`` where the env reports one at its end (``info["final_info"]``: Visual Match's
@@ -62,7 +78,8 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
     try:
         obs, _ = envs.reset(seed=env_seeds(seed, 0, n))
         state = agent.initial_state(n, next(agent.parameters()).device)
-        acting = Acting(agent, envs, obs, state, choose=most_likely if greedy else drawn)
+        choose = choose_action(greedy, action_seed, next(agent.parameters()).device)
+        acting = Acting(agent, envs, obs, state, choose=choose)
         running, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
         finished: list[list[tuple[float, int, float]]] = [[] for _ in range(n)]  # return, length, success
         counted = steps = 0
@@ -91,9 +108,10 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
 
 @torch.inference_mode()
 def record_gif(agent: ActorCritic, env_id: str, path: str | Path, seed: int = 0, greedy: bool = False,
-               fps: float = 8, progress: bool = True, **env_options) -> dict[str, Any]:
+               fps: float = 8, progress: bool = True, action_seed: int | None = None,
+               **env_options) -> dict[str, Any]:
     """Play one episode of ``env_id`` and write its frames (the env's ``rgb_array`` rendering) to ``path``
-    as an animated GIF of ``fps`` frames a second (``env_options`` go to ``gym.make``, as in
+    as an animated GIF of ``fps`` frames a second (``action_seed`` and ``env_options`` as in
     ``evaluate``); returns the episode's return and length.
 
     Each frame goes to the file as soon as it is rendered (``chronomem.rl.gif.GifWriter``), so memory
@@ -115,10 +133,11 @@ def record_gif(agent: ActorCritic, env_id: str, path: str | Path, seed: int = 0,
             obs, _ = env.reset(seed=seed)
             gif.append(env.render())
             total, steps, done = 0.0, 0, False
-            state = agent.initial_state(1, next(agent.parameters()).device)
+            device = next(agent.parameters()).device
+            state, choose = agent.initial_state(1, device), choose_action(greedy, action_seed, device)
             while not done:
                 batched = obs_map(lambda x: np.asarray(x)[None], obs)
-                action, _, _, state, _ = act(agent, batched, state, most_likely if greedy else drawn)
+                action, _, _, state, _ = act(agent, batched, state, choose)
                 obs, reward, terminated, truncated, _ = env.step(int(action[0]))
                 gif.append(env.render())
                 total, steps, done = total + float(reward), steps + 1, terminated or truncated
