@@ -64,11 +64,11 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
              **env_options) -> dict[str, Any]:
     """Mean return over ``episodes`` episodes of ``env_id`` (actions sampled, or the most likely with
     ``greedy``; ``action_seed``: ``choose_action``; ``env_options`` go to ``gym.make``, e.g.
-    ``max_episode_steps``). Environment i runs a
-    fixed share of the episodes, so short episodes are not favoured (counting the first ``episodes``
-    to end would be). Only the returns and lengths are kept, whatever the episodes' length, and each
-    episode's ``success`` where the env reports one at its end (``info["final_info"]``: Visual Match's
-    choice, Key-to-Door's door); ``success_rate`` is then theirs, else the share of positive returns."""
+    ``max_episode_steps``). Environment i runs a fixed share of the episodes, so short episodes are not
+    favoured (counting the first ``episodes`` to end would be). Only the returns and lengths are kept,
+    whatever the episodes' length, and each episode's ``success`` where the env reports one at its end
+    (``info["final_info"]``: Visual Match's choice, Key-to-Door's door); ``success_rate`` is then theirs,
+    else the share of positive returns."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
     n = min(num_envs, episodes)
@@ -77,9 +77,9 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
     reporter = _reporter(episodes, f"evaluating on {env_id}", progress)
     try:
         obs, _ = envs.reset(seed=env_seeds(seed, 0, n))
-        state = agent.initial_state(n, next(agent.parameters()).device)
-        choose = choose_action(greedy, action_seed, next(agent.parameters()).device)
-        acting = Acting(agent, envs, obs, state, choose=choose)
+        device = next(agent.parameters()).device
+        state = agent.initial_state(n, device)
+        acting = Acting(agent, envs, obs, state, choose=choose_action(greedy, action_seed, device))
         running, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
         finished: list[list[tuple[float, int, float]]] = [[] for _ in range(n)]  # return, length, success
         counted = steps = 0
