@@ -141,8 +141,6 @@ def run_job(job: Job) -> dict[str, Any]:
     """Train one agent on the pair's small env and evaluate it on both envs; its row of numbers. The
     evaluation is kept in the run's directory, and a resumed experiment reads it back
     (``rl_runs.kept_evaluation``)."""
-    import torch
-
     from chronomem.rl.evaluate import evaluate
 
     s, pair = job.scale, PAIRS[job.pair]
@@ -154,10 +152,10 @@ def run_job(job: Job) -> dict[str, Any]:
     def evaluate_both() -> dict[str, dict]:
         with threads_set_to(1):  # the evaluation, as the training, on one thread
             evaluations = {}
-            for column, env_id in envs.items():
-                torch.manual_seed(EVAL_SEED + job.seed)  # the sampled actions, as the env seeds, fixed per run
+            for column, env_id in envs.items():  # the sampled actions, as the env seeds, fixed per run
                 evaluations[column] = evaluate(result.agent.eval(), env_id, s.episodes, EVAL_SEED + job.seed,
-                                               min(16, s.episodes), progress=job.progress, **options)
+                                               min(16, s.episodes), progress=job.progress,
+                                               action_seed=EVAL_SEED + job.seed, **options)
         return evaluations
 
     settings = {"envs": envs, "episodes": s.episodes, "seed": EVAL_SEED + job.seed, "options": options}
