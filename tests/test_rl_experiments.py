@@ -465,12 +465,14 @@ def test_the_tvt_experiments_train_their_control_and_each_length(tmp_path, name,
 
 
 def test_visual_match_d30_is_quick_at_30_with_twice_the_episodes_and_a_floor_and_gate_row(tmp_path):
-    """visual-match-d30: quick's PPO settings and agents at its longest distractor with twice its episodes, the
-    control at that distractor, and the row htm-floor-gate (HTM with relevance_floor and read_gate)."""
+    """visual-match-d30: quick's PPO settings but an entropy weight of 0.05 and quick's agents at its longest
+    distractor with twice its episodes, the control at that distractor, and the row htm-floor-gate (HTM with
+    relevance_floor and read_gate)."""
     from chronomem.experiments.visual_match import CPU_HTM, D30_SCALES, SCALES
 
     quick, d30 = SCALES["quick"], D30_SCALES["quick"]
-    assert d30.ppo == quick.ppo and d30.distractors == (max(quick.distractors),)
+    assert d30.ppo == {**quick.ppo, "ent_coef": 0.05} and quick.ppo["ent_coef"] == 0.03
+    assert d30.distractors == (max(quick.distractors),)
     assert d30.frames(30) == 2 * quick.frames(30) == 3_000_000
     assert d30.control_frames == d30.frames(30)  # the control at 30 with the runs' frames
     assert d30.models["htm"] == CPU_HTM
