@@ -15,6 +15,15 @@ policy and value read, before the first chunk completes (no read) and after, for
     python benchmarks/htm_read_scale.py
     python benchmarks/htm_read_scale.py --dim 256 --steps 120
     python benchmarks/htm_read_scale.py --input-scale 0.09
+
+``--runs DIR ...`` measures trained agents instead: each PPO run's HTM agent (its newest checkpoint)
+plays ``--episodes`` episodes of its own env, actions drawn from its policy (seeded), and a table gives,
+per layer and per phase of the episode (``info["phase"]``: Visual Match's and Key-to-Door's explore,
+distractor and reward), the mean norm per step of the residual stream entering the HTM block, of the
+read added to it (times the gate, with ``read_gate``) and of their ratio (docs/rl.md, "The paper's
+layer at entropy 0.05"):
+
+    python benchmarks/htm_read_scale.py --runs runs/vm-d30-htm/control/htm-seed0 --episodes 16
 """
 
 from __future__ import annotations
@@ -56,6 +65,72 @@ def quick_core(dim: int, **options):
     return build_htm(dim, CPU_AGENT["depth"], CPU_AGENT["heads"], **CPU_HTM, **options)
 
 
+@torch.inference_mode()
+def trained_reads(run: str, episodes: int, seed: int = 0) -> dict:
+    """``{"gates": [...], (layer, phase): (stream, read, ratio)}`` of the HTM agent of PPO run ``run``
+    over ``episodes`` episodes of its env (class docstring: ``--runs``): the mean norm per step of the
+    residual stream entering each layer's HTM block, of the read added to it (gated) and of their ratio.
+    The phase is ``info["phase"]`` of the observation read (-1 where the env gives none)."""
+    import gymnasium as gym
+
+    import chronomem.envs  # noqa: F401  (registers the ids)
+    from chronomem.htm import HTMTransformer
+    from chronomem.rl.evaluate import load_agent
+
+    agent, args, _ = load_agent(run, device="cpu")
+    if not isinstance(agent.core, HTMTransformer):
+        raise ValueError(f"--runs must name runs of an HTM agent, got core {type(agent.core).__name__} in {run}")
+    layers = list(agent.core.layers)
+    streams: dict[int, float] = {}
+    hooks = [layer.norm_memory.register_forward_pre_hook(
+        lambda module, inputs, i=i: streams.__setitem__(i, inputs[0][0, -1].norm().item()))
+        for i, layer in enumerate(layers)]
+    reads: list[float] = []
+
+    def record(module, inputs, out):
+        layer = next(i for i, layer in enumerate(layers) if layer.memory is module)
+        gate = 1.0 if layers[layer].read_gate is None else abs(layers[layer].read_gate.item())
+        reads.append((layer, gate * out[0, -1].norm().item()))  # the norm of a * read
+
+    found: dict = {}
+    env, draws = gym.make(args.env), torch.Generator().manual_seed(seed)
+    try:
+        with recorded_reads(record):
+            for episode in range(episodes):
+                obs, info = env.reset(seed=seed + episode)
+                state, done = agent.initial_state(1), False
+                while not done:
+                    reads.clear()
+                    logits, _, state = agent({k: torch.as_tensor(v)[None, None] for k, v in obs.items()}, state)
+                    for layer, read in reads:
+                        found.setdefault((layer, info.get("phase", -1)), []).append((streams[layer], read))
+                    action = torch.multinomial(logits[0, 0].softmax(-1), 1, generator=draws)
+                    obs, _, terminated, truncated, info = env.step(int(action))
+                    done = terminated or truncated
+    finally:
+        env.close()
+        for hook in hooks:
+            hook.remove()
+    table = {key: (fmean(s for s, _ in pairs), fmean(r for _, r in pairs), fmean(r / s for s, r in pairs))
+             for key, pairs in sorted(found.items())}
+    return {"gates": [None if layer.read_gate is None else layer.read_gate.item() for layer in layers], **table}
+
+
+def print_trained(runs: list[str], episodes: int, seed: int) -> None:
+    from chronomem.envs.tvt import PHASES
+
+    print(f"trained agents, {episodes} episodes each, actions drawn (seed {seed})")
+    print("| run | layer | gate | phase | stream | read | read / stream |")
+    print("|---|---|---|---|---|---|---|")
+    for run in runs:
+        found = trained_reads(run, episodes, seed)
+        for (layer, phase), (stream, read, ratio) in ((k, v) for k, v in found.items() if k != "gates"):
+            gate = found["gates"][layer]
+            name = PHASES[phase] if 0 <= phase < len(PHASES) else "-"
+            print(f"| {run} | {layer} | {'-' if gate is None else f'{gate:.3f}'} | {name} | {stream:.2f} | {read:.2f} "
+                  f"| {ratio:.2f} |")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dim", type=int, default=64)
@@ -63,9 +138,17 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=60, help="a Key-to-Door episode at distractor 30")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--input-scale", type=float, default=1.0, help="the inputs' std per feature")
+    parser.add_argument("--runs", nargs="+", metavar="DIR", help="trained HTM agents (PPO runs) instead")
+    parser.add_argument("--episodes", type=int, default=16, help="--runs: episodes per run")
+    parser.add_argument("--seed", type=int, default=0, help="--runs: seed of the episodes and the actions")
     args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"--episodes must be >= 1, got {args.episodes}")
 
     torch.set_num_threads(1)
+    if args.runs:
+        print_trained(args.runs, args.episodes, args.seed)
+        return
     print("| init_scale | input | memory read | read / input | layer update y - x |")
     print("|---|---|---|---|---|")
     for init_scale in (2.0, None):

@@ -1,6 +1,9 @@
 """benchmarks/htm_read_scale.py at tiny sizes: it records every memory read, restores HTMAttention.read,
 and its table shows the released initialisation's read larger than PyTorch's default; the second table
-shows the output jump once a chunk is read, and final_norm's output at the LayerNorm's scale."""
+shows the output jump once a chunk is read, and final_norm's output at the LayerNorm's scale. With --runs
+it measures trained HTM agents on their env, per phase, the read scaled by its gate, and refuses others."""
+
+import pytest
 
 from chronomem.htm import HTMAttention
 from helpers import load_benchmark
@@ -30,3 +33,43 @@ def test_the_output_the_heads_read(capsys):
     for name in ("no slot encoding", "read gated shut"):
         assert rows[name][1] < 1.5 * rows[name][0]
     assert all(abs(n - 16**0.5) < 0.1 for n in rows["final_norm"])  # LN's output: norm sqrt(dim)
+
+
+def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, capsys):
+    from chronomem.envs.tvt import PHASES, visual_match_id
+    from chronomem.rl.ppo import Args, train
+
+    runs = []
+    for name, gate in (("paper", None), ("gated", 0.0)):
+        run = tmp_path / name
+        options = {"chunk_size": 4, "top_k": 1, "memory_size": 12, "window": 4, "read_gate": gate}
+        train(Args(env=visual_match_id("passive", 5, control=True), core="htm", dim=8, heads=2, hidden=8,
+                   num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1, total_frames=70, device="cpu",
+                   progress=False, out=str(run)), core_options=options)
+        runs.append(str(run))
+    original = HTMAttention.read
+    read_scale.main(["--runs", *runs, "--episodes", "2"])
+    assert HTMAttention.read is original
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and "---" not in line][1:]
+    found = {(row[0], row[3]): (row[2], float(row[4]), float(row[5]), float(row[6])) for row in rows}
+    assert set(found) == {(run, phase) for run in runs for phase in PHASES}  # one layer, every phase
+    assert {found[runs[0], phase][0] for phase in PHASES} == {"-"}  # the paper's layer has no gate
+    gate = {float(found[runs[1], phase][0]) for phase in PHASES}
+    assert len(gate) == 1 and abs(gate.pop()) < 0.01  # one update (lr 1e-3) barely opens a gate shut at 0
+    assert all(found[key][1] > 0 and found[key][2] >= 0 for key in found)  # norms, whatever the gate's sign
+    paper, gated = found[runs[0], "reward"], found[runs[1], "reward"]
+    assert paper[2] > 0 and paper[3] == pytest.approx(paper[2] / paper[1], rel=0.5)  # a mean of ratios
+    assert 0 <= gated[3] < paper[3] / 10  # the gate scales what enters the stream
+
+
+def test_runs_must_be_htm_agents(tmp_path):
+    from chronomem.envs.tvt import visual_match_id
+    from chronomem.rl.ppo import Args, train
+
+    run = tmp_path / "mlp"
+    train(Args(env=visual_match_id("passive", 5, control=True), core="mlp", dim=8, hidden=8, num_envs=2,
+               num_steps=35, num_minibatches=1, update_epochs=1, total_frames=70, device="cpu", progress=False,
+               out=str(run)))
+    with pytest.raises(ValueError, match="HTM agent"):
+        read_scale.main(["--runs", str(run)])
