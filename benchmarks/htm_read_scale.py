@@ -23,13 +23,14 @@ distractor and reward), the mean norm per step of the residual stream entering t
 read added to it (times the gate, with ``read_gate``) and of their ratio (docs/rl.md, "The paper's
 layer at entropy 0.05"):
 
-    python benchmarks/htm_read_scale.py --runs runs/vm-d30-htm/control/htm-seed0 --episodes 16
+    python benchmarks/htm_read_scale.py --runs runs/vm-d30-htm/control/htm-seed0 --episodes 16 [--jsonl FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 from statistics import fmean
 
 import torch
@@ -116,7 +117,8 @@ def trained_reads(run: str, episodes: int, seed: int = 0) -> dict:
     return {"gates": [None if layer.read_gate is None else layer.read_gate.item() for layer in layers], **table}
 
 
-def print_trained(runs: list[str], episodes: int, seed: int) -> None:
+def print_trained(runs: list[str], episodes: int, seed: int, jsonl: str | None = None) -> None:
+    """The table of ``trained_reads`` for every run; with ``jsonl``, one record per run appended to it."""
     from chronomem.envs.tvt import PHASES
 
     print(f"trained agents, {episodes} episodes each, actions drawn (seed {seed})")
@@ -124,11 +126,17 @@ def print_trained(runs: list[str], episodes: int, seed: int) -> None:
     print("|---|---|---|---|---|---|---|")
     for run in runs:
         found = trained_reads(run, episodes, seed)
+        rows = []
         for (layer, phase), (stream, read, ratio) in ((k, v) for k, v in found.items() if k != "gates"):
             gate = found["gates"][layer]
             name = PHASES[phase] if 0 <= phase < len(PHASES) else "-"
+            rows.append({"layer": layer, "gate": gate, "phase": name, "stream": round(stream, 3),
+                         "read": round(read, 3), "read_over_stream": round(ratio, 3)})
             print(f"| {run} | {layer} | {'-' if gate is None else f'{gate:.3f}'} | {name} | {stream:.2f} | {read:.2f} "
                   f"| {ratio:.2f} |")
+        if jsonl:
+            with open(jsonl, "a") as f:
+                f.write(json.dumps({"run": run, "episodes": episodes, "seed": seed, "rows": rows}) + "\n")
 
 
 def main(argv=None) -> None:
@@ -141,13 +149,14 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", nargs="+", metavar="DIR", help="trained HTM agents (PPO runs) instead")
     parser.add_argument("--episodes", type=int, default=16, help="--runs: episodes per run")
     parser.add_argument("--seed", type=int, default=0, help="--runs: seed of the episodes and the actions")
+    parser.add_argument("--jsonl", help="--runs: append one record per run (every row) to this file")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
 
     torch.set_num_threads(1)
     if args.runs:
-        print_trained(args.runs, args.episodes, args.seed)
+        print_trained(args.runs, args.episodes, args.seed, args.jsonl)
         return
     print("| init_scale | input | memory read | read / input | layer update y - x |")
     print("|---|---|---|---|---|")

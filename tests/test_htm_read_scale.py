@@ -3,6 +3,8 @@ and its table shows the released initialisation's read larger than PyTorch's def
 shows the output jump once a chunk is read, and final_norm's output at the LayerNorm's scale. With --runs
 it measures trained HTM agents on their env, per phase, the read scaled by its gate, and refuses others."""
 
+import json
+
 import pytest
 
 from chronomem.htm import HTMAttention
@@ -48,7 +50,8 @@ def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, cap
                    progress=False, out=str(run)), core_options=options)
         runs.append(str(run))
     original = HTMAttention.read
-    read_scale.main(["--runs", *runs, "--episodes", "2"])
+    records = tmp_path / "reads.jsonl"
+    read_scale.main(["--runs", *runs, "--episodes", "2", "--jsonl", str(records)])
     assert HTMAttention.read is original
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| ") and "---" not in line][1:]
@@ -61,6 +64,10 @@ def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, cap
     paper, gated = found[runs[0], "reward"], found[runs[1], "reward"]
     assert paper[2] > 0 and paper[3] == pytest.approx(paper[2] / paper[1], rel=0.5)  # a mean of ratios
     assert 0 <= gated[3] < paper[3] / 10  # the gate scales what enters the stream
+    written = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [r["run"] for r in written] == runs and all(r["episodes"] == 2 for r in written)
+    assert {(r["run"], row["phase"]): row["read_over_stream"] for r in written for row in r["rows"]} == pytest.approx(
+        {key: value[3] for key, value in found.items()}, abs=0.006)  # the table's rounding
 
 
 def test_runs_must_be_htm_agents(tmp_path):
