@@ -24,6 +24,9 @@ read added to it (times the gate, with ``read_gate``) and of their ratio (docs/r
 layer at entropy 0.05"):
 
     python benchmarks/htm_read_scale.py --runs runs/vm-d30-htm/control/htm-seed0 --episodes 16 [--jsonl FILE]
+
+``--untrained`` measures each run's agent as it was before training instead (built from its config with
+torch seeded by its seed, as ``chronomem rl train`` builds it).
 """
 
 from __future__ import annotations
@@ -67,11 +70,12 @@ def quick_core(dim: int, **options):
 
 
 @torch.inference_mode()
-def trained_reads(run: str, episodes: int, seed: int = 0) -> dict:
+def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = False) -> dict:
     """``{"gates": [...], (layer, phase): (stream, read, ratio)}`` of the HTM agent of PPO run ``run``
     over ``episodes`` episodes of its env (class docstring: ``--runs``): the mean norm per step of the
     residual stream entering each layer's HTM block, of the read added to it (gated) and of their ratio.
-    The phase is ``info["phase"]`` of the observation read (-1 where the env gives none)."""
+    The phase is ``info["phase"]`` of the observation read (-1 where the env gives none). ``untrained``: the
+    run's agent as initialised (its config, torch seeded with its seed), not its checkpoint."""
     import gymnasium as gym
 
     import chronomem.envs  # noqa: F401  (registers the ids)
@@ -79,6 +83,15 @@ def trained_reads(run: str, episodes: int, seed: int = 0) -> dict:
     from chronomem.rl.evaluate import load_agent
 
     agent, args, _ = load_agent(run, device="cpu")
+    if untrained:  # the same agent before training: built from the run's config after seeding as ppo.train does
+        from chronomem.rl.ppo import make_agent
+        from chronomem.train.resume import find_run
+
+        saved = find_run(run, kind="ppo").config
+        env = gym.make(args.env)
+        torch.manual_seed(args.seed)
+        agent = make_agent(args, saved.get("core_options", {}), env.observation_space, env.action_space).eval()
+        env.close()
     if not isinstance(agent.core, HTMTransformer):
         raise ValueError(f"--runs must name runs of an HTM agent, got core {type(agent.core).__name__} in {run}")
     layers = list(agent.core.layers)
@@ -117,15 +130,16 @@ def trained_reads(run: str, episodes: int, seed: int = 0) -> dict:
     return {"gates": [None if layer.read_gate is None else layer.read_gate.item() for layer in layers], **table}
 
 
-def print_trained(runs: list[str], episodes: int, seed: int, jsonl: str | None = None) -> None:
+def print_trained(runs: list[str], episodes: int, seed: int, jsonl: str | None = None,
+                  untrained: bool = False) -> None:
     """The table of ``trained_reads`` for every run; with ``jsonl``, one record per run appended to it."""
     from chronomem.envs.tvt import PHASES
 
-    print(f"trained agents, {episodes} episodes each, actions drawn (seed {seed})")
+    print(f"{'untrained' if untrained else 'trained'} agents, {episodes} episodes each, actions drawn (seed {seed})")
     print("| run | layer | gate | phase | stream | read | read / stream |")
     print("|---|---|---|---|---|---|---|")
     for run in runs:
-        found = trained_reads(run, episodes, seed)
+        found = trained_reads(run, episodes, seed, untrained)
         rows = []
         for (layer, phase), (stream, read, ratio) in ((k, v) for k, v in found.items() if k != "gates"):
             gate = found["gates"][layer]
@@ -136,7 +150,8 @@ def print_trained(runs: list[str], episodes: int, seed: int, jsonl: str | None =
                   f"| {ratio:.2f} |")
         if jsonl:
             with open(jsonl, "a") as f:
-                f.write(json.dumps({"run": run, "episodes": episodes, "seed": seed, "rows": rows}) + "\n")
+                f.write(json.dumps({"run": run, "untrained": untrained, "episodes": episodes, "seed": seed,
+                                    "rows": rows}) + "\n")
 
 
 def main(argv=None) -> None:
@@ -150,13 +165,15 @@ def main(argv=None) -> None:
     parser.add_argument("--episodes", type=int, default=16, help="--runs: episodes per run")
     parser.add_argument("--seed", type=int, default=0, help="--runs: seed of the episodes and the actions")
     parser.add_argument("--jsonl", help="--runs: append one record per run (every row) to this file")
+    parser.add_argument("--untrained", action="store_true",
+                        help="--runs: each run's agent as initialised (its config and seed), not its checkpoint")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
 
     torch.set_num_threads(1)
     if args.runs:
-        print_trained(args.runs, args.episodes, args.seed, args.jsonl)
+        print_trained(args.runs, args.episodes, args.seed, args.jsonl, args.untrained)
         return
     print("| init_scale | input | memory read | read / input | layer update y - x |")
     print("|---|---|---|---|---|")

@@ -70,6 +70,21 @@ def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, cap
         {key: value[3] for key, value in found.items()}, abs=0.006)  # the table's rounding
 
 
+def test_untrained_builds_the_run_agent_before_training(tmp_path):
+    from chronomem.envs.tvt import visual_match_id
+    from chronomem.rl.ppo import Args, train
+
+    run = tmp_path / "run"
+    train(Args(env=visual_match_id("passive", 5, control=True), core="htm", dim=8, heads=2, hidden=8, num_envs=2,
+               num_steps=35, num_minibatches=1, update_epochs=4, lr=0.05, total_frames=70, device="cpu",
+               progress=False, out=str(run)), core_options={"chunk_size": 4, "top_k": 1, "memory_size": 12,
+                                                            "window": 4})
+    first, again, trained = (read_scale.trained_reads(str(run), 1, untrained=untrained)
+                             for untrained in (True, True, False))
+    assert first == again  # seeded: the same agent, the same episode
+    assert first != trained  # the checkpoint's weights moved (a large step), so its norms differ
+
+
 def test_runs_must_be_htm_agents(tmp_path):
     from chronomem.envs.tvt import visual_match_id
     from chronomem.rl.ppo import Args, train
