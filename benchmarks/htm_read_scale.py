@@ -21,7 +21,7 @@ plays ``--episodes`` episodes of its own env, actions drawn from its policy (see
 per layer and per phase of the episode (``info["phase"]``: Visual Match's and Key-to-Door's explore,
 distractor and reward), the mean norm per step of the residual stream entering the HTM block, of the
 read added to it (times the gate, with ``read_gate``) and of their ratio (docs/rl.md, "The paper's
-layer at entropy 0.05"):
+layer's missed controls hold a read larger than the stream it joins"):
 
     python benchmarks/htm_read_scale.py --runs runs/vm-d30-htm/control/htm-seed0 --episodes 16 [--jsonl FILE]
 
@@ -72,7 +72,7 @@ def quick_core(dim: int, **options):
 @torch.inference_mode()
 def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = False) -> dict:
     """``{"gates": [...], (layer, phase): (stream, read, ratio)}`` of the HTM agent of PPO run ``run``
-    over ``episodes`` episodes of its env (class docstring: ``--runs``): the mean norm per step of the
+    over ``episodes`` episodes of its env (module docstring: ``--runs``): the mean norm per step of the
     residual stream entering each layer's HTM block, of the read added to it (gated) and of their ratio.
     The phase is ``info["phase"]`` of the observation read (-1 where the env gives none). ``untrained``: the
     run's agent as initialised (its config, torch seeded with its seed), not its checkpoint."""
