@@ -82,16 +82,18 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
     from chronomem.htm import HTMTransformer
     from chronomem.rl.evaluate import load_agent
 
-    agent, args, _ = load_agent(run, device="cpu")
     if untrained:  # the same agent before training: built from the run's config after seeding as ppo.train does
-        from chronomem.rl.ppo import make_agent
+        from chronomem.rl.ppo import Args, make_agent
         from chronomem.train.resume import find_run
 
         saved = find_run(run, kind="ppo").config
+        args = Args(**saved["args"])
         env = gym.make(args.env)
         torch.manual_seed(args.seed)
         agent = make_agent(args, saved.get("core_options", {}), env.observation_space, env.action_space).eval()
         env.close()
+    else:
+        agent, args, _ = load_agent(run, device="cpu")
     if not isinstance(agent.core, HTMTransformer):
         raise ValueError(f"--runs must name runs of an HTM agent, got core {type(agent.core).__name__} in {run}")
     layers = list(agent.core.layers)

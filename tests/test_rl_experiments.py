@@ -168,6 +168,12 @@ def test_a_finished_run_is_loaded_as_it_ended(tmp_path, monkeypatch):
     assert not loaded.agent.training
     assert rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, {**ppo_settings, "checkpoint_every": 2}, 48,
                            3, tmp_path / "run", progress=False, reuse=True).frames == 48  # nor how often it saved
+    # 33-48 frames round up to the same three updates of 16: the same run; 49 is a fourth update
+    assert rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, ppo_settings, 33, 3, tmp_path / "run",
+                           progress=False, reuse=True).frames == 48
+    with pytest.raises(ValueError, match="other settings.*total_frames: saved 48, asked 64"):
+        rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, ppo_settings, 49, 3, tmp_path / "run",
+                        progress=False, reuse=True)
     with pytest.raises(ValueError, match="other settings.*seed: saved 3, asked 4"):
         rl_runs.ppo_run("popgym-RepeatPreviousEasy-v0", "lstm", {}, ppo_settings, 48, 4, tmp_path / "run",
                         progress=False, reuse=True)
@@ -477,6 +483,9 @@ def test_visual_match_d30_is_quick_at_30_with_twice_the_episodes_and_a_floor_and
     assert d30.control_frames == d30.frames(30)  # the control at 30 with the runs' frames
     assert d30.models["htm"] == CPU_HTM
     assert d30.models["htm-floor-gate"] == dict(core="htm", **CPU_HTM, relevance_floor=0.6, read_gate=0.0)
+    long = D30_SCALES["long"]  # twice the frames again, the control as quick's, without the paper's layer
+    assert long.frames(30) == 2 * d30.frames(30) and long.control_frames == d30.control_frames
+    assert long.ppo == d30.ppo and long.models == {m: o for m, o in d30.models.items() if m != "htm"}
     with pytest.raises(ValueError, match="scale of visual-match-d30 must be one of"):
         run_experiment(get_experiment("visual-match-d30"), "paper", tmp_path / "paper", progress=False)
 

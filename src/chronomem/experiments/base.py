@@ -28,13 +28,14 @@ here takes it (``TrainRun`` and ``train_run`` are the supervised experiments' jo
 trains their models x seeds in one map and averages the seeds); one whose ``run`` does not is refused
 ``jobs`` above 1.
 
-A scale (``smoke``, ``tour``, ``quick``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
+A scale (``smoke``, ``tour``, ``quick``, ``long``, ``paper``) is a frozen dataclass, a subclass of ``Scale``,
 that fixes step counts, never a wall-clock time: the same seed gives the same table on an idle
 machine and on a busy one. ``run_experiment(..., time_budget=seconds)`` is the explicit equal-time
 comparison: each model trains until that many seconds (its step count becomes a far ceiling,
 ``BUDGET_STEP_CEILING`` times the scale's, so a faster model takes more steps), and the report says
 so. An experiment whose ``scales`` include ``"tour"`` contributes that scale's models to ``chronomem
-run tour`` (about a minute per model on a 2-core CPU).
+run tour`` (about a minute per model on a 2-core CPU). ``long`` is quick's agents and settings given more
+steps, for an experiment whose quick budget leaves a claim undecided (hours per run on a CPU).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from chronomem.report import (
     several_experiments,
 )
 
-SCALES = ("smoke", "tour", "quick", "paper")
+SCALES = ("smoke", "tour", "quick", "long", "paper")
 # Under a time budget a run may take this many times its scale's steps: far beyond what a model reaches in
 # the budgets the scales were sized for, so the clock, not the step count, ends every run.
 BUDGET_STEP_CEILING = 10

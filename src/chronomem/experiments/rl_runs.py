@@ -9,6 +9,7 @@ machine); frames per second are measured and reported, never used to stop a run.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,7 +132,6 @@ def finished_run(args, options: dict):
     training: what follows (an evaluation that samples actions) draws what it would have drawn after the
     uninterrupted run. A directory that holds a run with other settings is a ValueError, not reused."""
     import dataclasses
-    import math
 
     import torch
 
@@ -149,12 +149,16 @@ def finished_run(args, options: dict):
     asked = {key: value for key, value in dataclasses.asdict(args).items() if key not in BOOKKEEPING}
     # a setting added to Args since the run was saved ran at its default (e.g. recurrence: whole rollouts)
     saved_args = {**dataclasses.asdict(type(args)()), **saved["args"]}
+    # a run trains whole updates, its learning rate annealed over them: totals that round up to the same
+    # updates ran the same run (a scale's 6,000,000 frames and a `chronomem rl train` of 6,000,640)
+    for settings in (asked, saved_args):
+        settings["total_frames"] = frames_trained(settings)
     differ = differences(asked, saved_args)
     if differ or differences({"core_options": options}, saved):
         shown = ", ".join(f"{key}: saved {old!r}, asked {new!r}" for key, (new, old) in differ.items())
         raise ValueError(f"--resume: {run_dir} holds a run with other settings ({shown or 'core options'}); "
                          "resume into the directory of the interrupted run with the same --scale and --seed")
-    frames = math.ceil(args.total_frames / args.frames_per_update) * args.frames_per_update
+    frames = frames_trained(asked)
     checkpoint = run_dir / "checkpoints" / checkpoint_name(frames)
     if not (checkpoint / "trainer.pt").exists():
         return None
@@ -162,6 +166,12 @@ def finished_run(args, options: dict):
     trainer = torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
     set_rng_state(trainer["rng"])  # the CPU generator and, where the run used one, the GPU's
     return PPOResult(agent, frames, float(trainer["seconds"]), read_metrics(run_dir / "metrics.csv"))
+
+
+def frames_trained(settings: dict) -> int:
+    """The frames a PPO run of these ``Args`` fields trains: ``total_frames`` rounded up to whole updates."""
+    per_update = settings["num_envs"] * settings["num_steps"]
+    return math.ceil(settings["total_frames"] / per_update) * per_update
 
 
 EVALUATION_FILE = "evaluation.json"  # a run's kept evaluation, beside its config.json
