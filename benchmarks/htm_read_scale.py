@@ -80,18 +80,15 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
 
     import chronomem.envs  # noqa: F401  (registers the ids)
     from chronomem.htm import HTMTransformer
-    from chronomem.rl.evaluate import load_agent
+    from chronomem.rl.evaluate import built_agent, load_agent
 
     if untrained:  # the same agent before training: built from the run's config after seeding as ppo.train does
-        from chronomem.rl.ppo import Args, make_agent
         from chronomem.train.resume import find_run
 
         saved = find_run(run, kind="ppo").config
-        args = Args(**saved["args"])
-        env = gym.make(args.env)
-        torch.manual_seed(args.seed)
-        agent = make_agent(args, saved.get("core_options", {}), env.observation_space, env.action_space).eval()
-        env.close()
+        torch.manual_seed(saved["args"]["seed"])
+        agent, args = built_agent(saved)
+        agent.eval()
     else:
         agent, args, _ = load_agent(run, device="cpu")
     if not isinstance(agent.core, HTMTransformer):

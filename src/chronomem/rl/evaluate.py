@@ -28,17 +28,25 @@ def load_agent(run: str | Path, env_id: str | None = None, device=None) -> tuple
     """``(agent, args, checkpoint)`` of a PPO run (a run directory: its newest checkpoint; or one of its
     checkpoints), the agent built for ``env_id`` (default: the run's own env) in eval mode."""
     found = find_run(run, kind="ppo")
-    run_dir, checkpoint, saved = found.dir, found.checkpoint, found.config
+    run_dir, checkpoint = found.dir, found.checkpoint
     if checkpoint is None:
         raise CheckpointError(f"no checkpoint in {run_dir}: expected {run_dir / 'checkpoints' / 'step_N'}")
+    agent, args = built_agent(found.config, env_id)
+    load_weights(checkpoint, agent)
+    return agent.to(default_device(device)).eval(), args, checkpoint
+
+
+def built_agent(saved: dict, env_id: str | None = None) -> tuple[ActorCritic, Args]:
+    """``(agent, args)`` as a PPO run's config.json (``saved``) builds them, for ``env_id`` (default: the
+    run's own env), the weights drawn from torch's generator as it stands (``load_agent`` then loads a
+    checkpoint's; seeded with the run's seed, they are the run's before training)."""
     args = Args(**saved["args"])
     env = make_env(env_id or args.env)
     try:
         agent = make_agent(args, saved.get("core_options", {}), env.observation_space, env.action_space)
     finally:
         env.close()
-    load_weights(checkpoint, agent)
-    return agent.to(default_device(device)).eval(), args, checkpoint
+    return agent, args
 
 
 def _reporter(total: int, label: str, progress: bool) -> Progress:
