@@ -21,7 +21,9 @@ plays ``--episodes`` episodes of its own env, actions drawn from its policy (see
 per layer and per phase of the episode (``info["phase"]``: Visual Match's and Key-to-Door's explore,
 distractor and reward), the mean norm per step of the residual stream entering the HTM block, of the
 read added to it (times the gate, with ``read_gate``) and of their ratio (docs/rl.md, "The paper's
-layer's missed controls hold a read larger than the stream it joins"):
+layer's missed controls hold a read larger than the stream it joins"); then of the core's output, which
+the policy and value read, and the share of the policy's and the value's tanh units that it saturates
+(``|tanh| > 0.99``, where a unit passes almost no gradient; docs/rl.md, "A LayerNorm on the output"):
 
     python benchmarks/htm_read_scale.py --runs runs/vm-d30-htm/control/htm-seed0 --episodes 16 [--jsonl FILE]
 
@@ -39,6 +41,8 @@ from statistics import fmean
 import torch
 
 from chronomem.experiments.visual_match import CPU_AGENT, CPU_HTM
+
+SATURATED = 0.99  # |tanh| above this: the unit's gradient 1 - tanh^2 is under 0.02
 
 
 @contextlib.contextmanager
@@ -71,9 +75,11 @@ def quick_core(dim: int, **options):
 
 @torch.inference_mode()
 def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = False) -> dict:
-    """``{"gates": [...], (layer, phase): (stream, read, ratio)}`` of the HTM agent of PPO run ``run``
-    over ``episodes`` episodes of its env (module docstring: ``--runs``): the mean norm per step of the
-    residual stream entering each layer's HTM block, of the read added to it (gated) and of their ratio.
+    """``{"gates": [...], (layer, phase): (stream, read, ratio, output, actor, critic)}`` of the HTM agent of
+    PPO run ``run`` over ``episodes`` episodes of its env (module docstring: ``--runs``): the mean norm per
+    step of the residual stream entering each layer's HTM block, of the read added to it (gated), their
+    ratio, the norm of the core's output, and the share of the policy's and the value's tanh units with
+    ``|tanh| > SATURATED`` (the heads: ``ActorCritic``'s one hidden layer each).
     The phase is ``info["phase"]`` of the observation read (-1 where the env gives none). ``untrained``: the
     run's agent as initialised (its config, torch seeded with its seed), not its checkpoint."""
     import gymnasium as gym
@@ -98,6 +104,15 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
     hooks = [layer.norm_memory.register_forward_pre_hook(
         lambda module, inputs, i=i: streams.__setitem__(i, inputs[0][0, -1].norm().item()))
         for i, layer in enumerate(layers)]
+    heads: dict[str, float] = {}
+
+    def saturated(name):
+        return lambda module, inputs, out: heads.__setitem__(name, (out[0, -1].abs() > SATURATED).float().mean().item())
+
+    hooks += [agent.actor[1].register_forward_hook(saturated("actor")),
+              agent.critic[1].register_forward_hook(saturated("critic")),
+              agent.core.register_forward_hook(lambda module, inputs, out: heads.__setitem__(
+                  "output", out[0][0, -1].norm().item()))]
     reads: list[float] = []
 
     def record(module, inputs, out):
@@ -116,7 +131,8 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
                     reads.clear()
                     logits, _, state = agent({k: torch.as_tensor(v)[None, None] for k, v in obs.items()}, state)
                     for layer, read in reads:
-                        found.setdefault((layer, info.get("phase", -1)), []).append((streams[layer], read))
+                        found.setdefault((layer, info.get("phase", -1)), []).append(
+                            (streams[layer], read, heads["output"], heads["actor"], heads["critic"]))
                     action = torch.multinomial(logits[0, 0].softmax(-1), 1, generator=draws)
                     obs, _, terminated, truncated, info = env.step(int(action))
                     done = terminated or truncated
@@ -124,8 +140,9 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
         env.close()
         for hook in hooks:
             hook.remove()
-    table = {key: (fmean(s for s, _ in pairs), fmean(r for _, r in pairs), fmean(r / s for s, r in pairs))
-             for key, pairs in sorted(found.items())}
+    table = {key: (fmean(s for s, *_ in rows), fmean(r for _, r, *_ in rows), fmean(r / s for s, r, *_ in rows),
+                   *(fmean(row[i] for row in rows) for i in (2, 3, 4)))
+             for key, rows in sorted(found.items())}
     return {"gates": [None if layer.read_gate is None else layer.read_gate.item() for layer in layers], **table}
 
 
@@ -135,18 +152,20 @@ def print_trained(runs: list[str], episodes: int, seed: int, jsonl: str | None =
     from chronomem.envs.tvt import PHASES
 
     print(f"{'untrained' if untrained else 'trained'} agents, {episodes} episodes each, actions drawn (seed {seed})")
-    print("| run | layer | gate | phase | stream | read | read / stream |")
-    print("|---|---|---|---|---|---|---|")
+    print("| run | layer | gate | phase | stream | read | read / stream | output | saturated tanh: policy / value |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         found = trained_reads(run, episodes, seed, untrained)
         rows = []
-        for (layer, phase), (stream, read, ratio) in ((k, v) for k, v in found.items() if k != "gates"):
+        for (layer, phase), (stream, read, ratio, output, actor, critic) in (
+                (k, v) for k, v in found.items() if k != "gates"):
             gate = found["gates"][layer]
             name = PHASES[phase] if 0 <= phase < len(PHASES) else "-"
             rows.append({"layer": layer, "gate": gate, "phase": name, "stream": round(stream, 3),
-                         "read": round(read, 3), "read_over_stream": round(ratio, 3)})
+                         "read": round(read, 3), "read_over_stream": round(ratio, 3), "output": round(output, 3),
+                         "saturated_policy": round(actor, 3), "saturated_value": round(critic, 3)})
             print(f"| {run} | {layer} | {'-' if gate is None else f'{gate:.3f}'} | {name} | {stream:.2f} | {read:.2f} "
-                  f"| {ratio:.2f} |")
+                  f"| {ratio:.2f} | {output:.2f} | {actor:.2f} / {critic:.2f} |")
         if jsonl:
             with open(jsonl, "a") as f:
                 f.write(json.dumps({"run": run, "untrained": untrained, "episodes": episodes, "seed": seed,

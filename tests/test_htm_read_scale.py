@@ -1,7 +1,8 @@
 """benchmarks/htm_read_scale.py at tiny sizes: it records every memory read, restores HTMAttention.read,
 and its table shows the released initialisation's read larger than PyTorch's default; the second table
 shows the output jump once a chunk is read, and final_norm's output at the LayerNorm's scale. With --runs
-it measures trained HTM agents on their env, per phase, the read scaled by its gate, and refuses others."""
+it measures trained HTM agents on their env, per phase, the read scaled by its gate, the output the heads
+read and how much of their tanh it saturates, and refuses others."""
 
 import json
 
@@ -42,9 +43,10 @@ def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, cap
     from chronomem.rl.ppo import Args, train
 
     runs = []
-    for name, gate in (("paper", None), ("gated", 0.0)):
+    for name, gate, final_norm in (("paper", None, False), ("gated", 0.0, False), ("normed", None, True)):
         run = tmp_path / name
-        options = {"chunk_size": 4, "top_k": 1, "memory_size": 12, "window": 4, "read_gate": gate}
+        options = {"chunk_size": 4, "top_k": 1, "memory_size": 12, "window": 4, "read_gate": gate,
+                   "final_norm": final_norm}
         train(Args(env=visual_match_id("passive", 5, control=True), core="htm", dim=8, heads=2, hidden=8,
                    num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1, total_frames=70, device="cpu",
                    progress=False, out=str(run)), core_options=options)
@@ -55,7 +57,7 @@ def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, cap
     assert HTMAttention.read is original
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
             if line.startswith("| ") and "---" not in line][1:]
-    found = {(row[0], row[3]): (row[2], float(row[4]), float(row[5]), float(row[6])) for row in rows}
+    found = {(row[0], row[3]): (row[2], *map(float, row[4:8]), *map(float, row[8].split(" / "))) for row in rows}
     assert set(found) == {(run, phase) for run in runs for phase in PHASES}  # one layer, every phase
     assert {found[runs[0], phase][0] for phase in PHASES} == {"-"}  # the paper's layer has no gate
     gate = {float(found[runs[1], phase][0]) for phase in PHASES}
@@ -64,10 +66,18 @@ def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, cap
     paper, gated = found[runs[0], "reward"], found[runs[1], "reward"]
     assert paper[2] > 0 and paper[3] == pytest.approx(paper[2] / paper[1], rel=0.5)  # a mean of ratios
     assert 0 <= gated[3] < paper[3] / 10  # the gate scales what enters the stream
+    # what the heads read: the core's output (LayerNorm's sqrt(width) with final_norm, after one small step)
+    assert all(found[key][4] > 0 and 0 <= found[key][5] <= 1 and 0 <= found[key][6] <= 1 for key in found)
+    assert {round(found[runs[2], phase][4], 1) for phase in PHASES} == {round(8**0.5, 1)}
+    assert found[runs[0], "reward"][4] != pytest.approx(8**0.5, abs=0.1)
     written = [json.loads(line) for line in records.read_text().splitlines()]
     assert [r["run"] for r in written] == runs and all(r["episodes"] == 2 for r in written)
     assert {(r["run"], row["phase"]): row["read_over_stream"] for r in written for row in r["rows"]} == pytest.approx(
         {key: value[3] for key, value in found.items()}, abs=0.006)  # the table's rounding
+    for record in written:
+        for row in record["rows"]:
+            shown = found[record["run"], row["phase"]][4:]
+            assert (row["output"], row["saturated_policy"], row["saturated_value"]) == pytest.approx(shown, abs=0.006)
 
 
 def test_untrained_builds_the_run_agent_before_training(tmp_path):
