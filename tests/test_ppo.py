@@ -437,6 +437,36 @@ def test_a_core_without_state_or_done_is_refused_by_name():
         make_agent(tiny_args("lstm"), {"nope": 1}, *spaces)
 
 
+def test_head_activation_builds_the_heads_and_is_saved_with_the_run(tmp_path):
+    """--head-activation relu gives paper 001's ReLU heads (the same weights as tanh's from the same seed: only
+    the nonlinearity differs), a large input cannot saturate them, and a run rebuilds them from its config."""
+    from chronomem.agents import HEAD_ACTIVATIONS, ActorCritic
+    from chronomem.rl.evaluate import load_agent
+    from chronomem.rl.settings import HEAD_ACTIVATIONS as NAMES
+
+    assert set(NAMES) == set(HEAD_ACTIVATIONS)
+    envs = make_vector_env(CUE, 2)
+    spaces = envs.single_observation_space, envs.single_action_space
+    envs.close()
+    agents = {}
+    for name in NAMES:
+        torch.manual_seed(0)
+        agents[name] = make_agent(tiny_args(head_activation=name), {}, *spaces)
+    tanh, relu = agents["tanh"], agents["relu"]
+    assert isinstance(tanh.actor[1], torch.nn.Tanh) and isinstance(relu.critic[1], torch.nn.ReLU)
+    assert all(torch.equal(a, b) for a, b in zip(tanh.state_dict().values(), relu.state_dict().values(), strict=True))
+    big = 100 * torch.randn(64, 16)  # a core's output of norm ~400: every tanh unit saturated, ReLU's scaled
+    assert (tanh.actor[:2](big).abs() > 0.99).float().mean() > 0.9
+    assert torch.allclose(relu.actor(big), 100 * relu.actor(big / 100) - 99 * relu.actor[2].bias, atol=1e-3)
+    with pytest.raises(ValueError, match="head_activation must be one of .*got 'gelu'"):
+        ActorCritic(tanh.encoder, tanh.core, 2, head_activation="gelu")
+    with pytest.raises(ValueError, match="--head-activation must be one of"):
+        tiny_args(head_activation="gelu")
+    train(tiny_args(head_activation="relu", out=str(tmp_path / "run")))
+    loaded, args, _ = load_agent(tmp_path / "run", device="cpu")
+    assert args.head_activation == "relu" and isinstance(loaded.actor[1], torch.nn.ReLU)
+
+
 def test_obs_map_handles_arrays_and_dicts():
     assert obs_map(lambda x: x + 1, np.zeros(2)).tolist() == [1, 1]
     assert obs_map(lambda x: x * 2, {"a": np.ones(1)})["a"].tolist() == [2]

@@ -25,6 +25,8 @@ from chronomem.encoders import MiniGridEncoder
 from chronomem.heads import reconstruction_loss
 from chronomem.layers import concat_states
 
+HEAD_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}  # ActorCritic's head_activation (PPO's --head-activation)
+
 
 class ActorCritic(nn.Module):
     """An agent around any core: ``observation -> encoder -> core -> (policy logits, value)``.
@@ -35,8 +37,10 @@ class ActorCritic(nn.Module):
     boundaries"). Policy and value are two MLPs with one hidden layer of ``hidden`` units and tanh
     (rl-starter-files' actor and critic), initialised orthogonally with gains sqrt(2), then 0.01 for
     the policy's output and 1 for the value's (CleanRL's ``layer_init``), so the first policy is
-    near uniform. ``value_heads=K > 1``: the critic has K outputs, ``value [B, N, K]``, one return per
-    part of the reward (PPO's ``--reward-part``).
+    near uniform. ``head_activation="relu"``: paper 001's heads (App. A Table 1: every activation ReLU),
+    which a core's output of any scale cannot saturate; tanh's pass almost no gradient once the output
+    they read is large (docs/rl.md, "The heads' activation"). ``value_heads=K > 1``: the critic has K
+    outputs, ``value [B, N, K]``, one return per part of the reward (PPO's ``--reward-part``).
 
     ``reconstruction=w`` adds paper 001's self-supervised loss (App. A.1; the heads' option, for an
     agent): a decoder from the core's output reconstructs every step's observation (for Ballet the
@@ -51,7 +55,8 @@ class ActorCritic(nn.Module):
     """
 
     def __init__(self, encoder: nn.Module, core: nn.Module, num_actions: int, hidden: int = 64,
-                 reconstruction: float = 0.0, reconstruct_every: int = 1, value_heads: int = 1):
+                 reconstruction: float = 0.0, reconstruct_every: int = 1, value_heads: int = 1,
+                 head_activation: str = "tanh"):
         super().__init__()
         if isinstance(num_actions, bool) or not isinstance(num_actions, int) or num_actions < 1:
             raise ValueError(f"num_actions must be a positive int, got {num_actions!r}")
@@ -59,11 +64,14 @@ class ActorCritic(nn.Module):
             raise ValueError(f"hidden must be a positive int, got {hidden!r}")
         if isinstance(reconstruction, bool) or not isinstance(reconstruction, (int, float)) or not reconstruction >= 0:
             raise ValueError(f"reconstruction must be a loss weight >= 0, got {reconstruction!r}")
+        if head_activation not in HEAD_ACTIVATIONS:
+            raise ValueError(f"head_activation must be one of {tuple(HEAD_ACTIVATIONS)}, got {head_activation!r}")
         self.encoder, self.core = encoder, core
         out_dim = getattr(core, "out_dim", getattr(encoder, "dim", None))
-        self.actor = self._mlp(out_dim, hidden, num_actions, 0.01)
+        activation = HEAD_ACTIVATIONS[head_activation]
+        self.actor = self._mlp(out_dim, hidden, num_actions, 0.01, activation)
         self.value_heads = check_positive(value_heads, "value_heads")
-        self.critic = self._mlp(out_dim, hidden, self.value_heads, 1.0)
+        self.critic = self._mlp(out_dim, hidden, self.value_heads, 1.0, activation)
         self.reconstruction = float(reconstruction)
         self.reconstruct_every = check_positive(reconstruct_every, "reconstruct_every")
         if self.reconstruction:
@@ -73,8 +81,8 @@ class ActorCritic(nn.Module):
             self.decoder = encoder.decoder(out_dim)  # App. A.1: independent weights
 
     @staticmethod
-    def _mlp(width: int, hidden: int, out: int, out_gain: float) -> nn.Sequential:
-        layers = [nn.Linear(width, hidden), nn.Tanh(), nn.Linear(hidden, out)]
+    def _mlp(width: int, hidden: int, out: int, out_gain: float, activation: type[nn.Module]) -> nn.Sequential:
+        layers = [nn.Linear(width, hidden), activation(), nn.Linear(hidden, out)]
         for layer, gain in ((layers[0], 2**0.5), (layers[2], out_gain)):
             nn.init.orthogonal_(layer.weight, gain)
             nn.init.zeros_(layer.bias)

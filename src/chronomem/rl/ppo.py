@@ -112,7 +112,8 @@ def make_agent(args: Args, core_options: dict[str, Any], observation_space, acti
     if weight is None:
         weight = getattr(encoder, "default_reconstruction", 0.0)
     return ActorCritic(encoder, core, int(action_space.n), args.hidden, reconstruction=weight,
-                       reconstruct_every=args.reconstruct_every, value_heads=2 if args.reward_part else 1)
+                       reconstruct_every=args.reconstruct_every, value_heads=2 if args.reward_part else 1,
+                       head_activation=args.head_activation)
 
 
 def make_optimizer(agent: nn.Module, args: Args, device: torch.device) -> torch.optim.Optimizer:

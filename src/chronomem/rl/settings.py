@@ -11,9 +11,10 @@ from typing import Any
 
 from chronomem.config import COMPILE_MODES, check_settings, setting
 
-__all__ = ["Args", "MINIBATCHES", "TIMEOUTS", "check_ppo_settings"]
+__all__ = ["Args", "HEAD_ACTIVATIONS", "MINIBATCHES", "TIMEOUTS", "check_ppo_settings"]
 
 TIMEOUTS = ("truncation", "failure")
+HEAD_ACTIVATIONS = ("tanh", "relu")
 MINIBATCHES = ("envs", "windows")
 
 
@@ -25,6 +26,9 @@ class Args:
     depth: int = setting(1, "the core's layers", low=1)
     heads: int = setting(4, "the core's attention heads (attention cores)", low=1)
     hidden: int = setting(64, "hidden units of the policy and of the value MLP", low=1)
+    head_activation: str = setting("tanh", "the policy's and the value's hidden activation: 'tanh' (rl-starter-files' "
+                                   "heads) or 'relu' (paper 001's: every activation ReLU, App. A Table 1)",
+                                   choices=HEAD_ACTIVATIONS)
     total_frames: int = setting(1_000_000, "environment steps of the run (rounded up to whole rollouts); with "
                                 "--resume the new total", resumable=True, low=1)
     num_envs: int = setting(16, "environments stepped together (B), per rank under torchrun", low=1)
