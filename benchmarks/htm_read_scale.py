@@ -22,8 +22,9 @@ per layer and per phase of the episode (``info["phase"]``: Visual Match's and Ke
 distractor and reward), the mean norm per step of the residual stream entering the HTM block, of the
 read added to it (times the gate, with ``read_gate``) and of their ratio (docs/rl.md, "The paper's
 layer's missed controls hold a read larger than the stream it joins"); then of the core's output, which
-the policy and value read, and the share of the policy's and the value's tanh units that it saturates
-(``|tanh| > 0.99``, where a unit passes almost no gradient; docs/rl.md, "A LayerNorm on the output"):
+the policy and value read, and the share of the policy's and of the value's hidden units that pass it
+(almost) no gradient: tanh units saturated (``|tanh| > 0.99``), ReLU units at 0 (docs/rl.md, "The heads'
+activation"):
 
     python benchmarks/htm_read_scale.py --runs runs/vm-d30-htm/control/htm-seed0 --episodes 16 [--jsonl FILE]
 
@@ -78,8 +79,8 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
     """``{"gates": [...], (layer, phase): (stream, read, ratio, output, actor, critic)}`` of the HTM agent of
     PPO run ``run`` over ``episodes`` episodes of its env (module docstring: ``--runs``): the mean norm per
     step of the residual stream entering each layer's HTM block, of the read added to it (gated), their
-    ratio, the norm of the core's output, and the share of the policy's and the value's tanh units with
-    ``|tanh| > SATURATED`` (the heads: ``ActorCritic``'s one hidden layer each).
+    ratio, the norm of the core's output, and the share of the policy's and the value's hidden units
+    (``ActorCritic``'s one hidden layer each) that pass no gradient: ``|tanh| > SATURATED``, or ReLU at 0.
     The phase is ``info["phase"]`` of the observation read (-1 where the env gives none). ``untrained``: the
     run's agent as initialised (its config, torch seeded with its seed), not its checkpoint."""
     import gymnasium as gym
@@ -106,11 +107,14 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
         for i, layer in enumerate(layers)]
     heads: dict[str, float] = {}
 
-    def saturated(name):
-        return lambda module, inputs, out: heads.__setitem__(name, (out[0, -1].abs() > SATURATED).float().mean().item())
+    def no_gradient(name):
+        def record(module, inputs, out):
+            stuck = out[0, -1] == 0 if isinstance(module, torch.nn.ReLU) else out[0, -1].abs() > SATURATED
+            heads[name] = stuck.float().mean().item()
+        return record
 
-    hooks += [agent.actor[1].register_forward_hook(saturated("actor")),
-              agent.critic[1].register_forward_hook(saturated("critic")),
+    hooks += [agent.actor[1].register_forward_hook(no_gradient("actor")),
+              agent.critic[1].register_forward_hook(no_gradient("critic")),
               agent.core.register_forward_hook(lambda module, inputs, out: heads.__setitem__(
                   "output", out[0][0, -1].norm().item()))]
     reads: list[float] = []
@@ -152,7 +156,7 @@ def print_trained(runs: list[str], episodes: int, seed: int, jsonl: str | None =
     from chronomem.envs.tvt import PHASES
 
     print(f"{'untrained' if untrained else 'trained'} agents, {episodes} episodes each, actions drawn (seed {seed})")
-    print("| run | layer | gate | phase | stream | read | read / stream | output | saturated tanh: policy / value |")
+    print("| run | layer | gate | phase | stream | read | read / stream | output | no gradient: policy / value |")
     print("|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         found = trained_reads(run, episodes, seed, untrained)
@@ -163,7 +167,7 @@ def print_trained(runs: list[str], episodes: int, seed: int, jsonl: str | None =
             name = PHASES[phase] if 0 <= phase < len(PHASES) else "-"
             rows.append({"layer": layer, "gate": gate, "phase": name, "stream": round(stream, 3),
                          "read": round(read, 3), "read_over_stream": round(ratio, 3), "output": round(output, 3),
-                         "saturated_policy": round(actor, 3), "saturated_value": round(critic, 3)})
+                         "no_gradient_policy": round(actor, 3), "no_gradient_value": round(critic, 3)})
             print(f"| {run} | {layer} | {'-' if gate is None else f'{gate:.3f}'} | {name} | {stream:.2f} | {read:.2f} "
                   f"| {ratio:.2f} | {output:.2f} | {actor:.2f} / {critic:.2f} |")
         if jsonl:

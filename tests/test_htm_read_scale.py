@@ -2,7 +2,7 @@
 and its table shows the released initialisation's read larger than PyTorch's default; the second table
 shows the output jump once a chunk is read, and final_norm's output at the LayerNorm's scale. With --runs
 it measures trained HTM agents on their env, per phase, the read scaled by its gate, the output the heads
-read and how much of their tanh it saturates, and refuses others."""
+read and the share of the heads' units it passes no gradient, and refuses others."""
 
 import json
 
@@ -43,13 +43,14 @@ def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, cap
     from chronomem.rl.ppo import Args, train
 
     runs = []
-    for name, gate, final_norm in (("paper", None, False), ("gated", 0.0, False), ("normed", None, True)):
+    for name, gate, final_norm, heads in (("paper", None, False, "tanh"), ("gated", 0.0, False, "tanh"),
+                                          ("normed", None, True, "tanh"), ("relu", None, False, "relu")):
         run = tmp_path / name
         options = {"chunk_size": 4, "top_k": 1, "memory_size": 12, "window": 4, "read_gate": gate,
                    "final_norm": final_norm}
         train(Args(env=visual_match_id("passive", 5, control=True), core="htm", dim=8, heads=2, hidden=8,
-                   num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1, total_frames=70, device="cpu",
-                   progress=False, out=str(run)), core_options=options)
+                   head_activation=heads, num_envs=2, num_steps=35, num_minibatches=1, update_epochs=1,
+                   total_frames=70, device="cpu", progress=False, out=str(run)), core_options=options)
         runs.append(str(run))
     original = HTMAttention.read
     records = tmp_path / "reads.jsonl"
@@ -70,14 +71,16 @@ def test_trained_runs_report_the_read_against_the_stream_per_phase(tmp_path, cap
     assert all(found[key][4] > 0 and 0 <= found[key][5] <= 1 and 0 <= found[key][6] <= 1 for key in found)
     assert {round(found[runs[2], phase][4], 1) for phase in PHASES} == {round(8**0.5, 1)}
     assert found[runs[0], "reward"][4] != pytest.approx(8**0.5, abs=0.1)
+    # ReLU heads pass no gradient where a unit is 0: about half of them as initialised (tanh's: |tanh| > 0.99)
+    assert all(0.1 < share < 0.9 for phase in PHASES for share in found[runs[3], phase][5:])
     written = [json.loads(line) for line in records.read_text().splitlines()]
     assert [r["run"] for r in written] == runs and all(r["episodes"] == 2 for r in written)
     assert {(r["run"], row["phase"]): row["read_over_stream"] for r in written for row in r["rows"]} == pytest.approx(
         {key: value[3] for key, value in found.items()}, abs=0.006)  # the table's rounding
     for record in written:
         for row in record["rows"]:
-            shown = found[record["run"], row["phase"]][4:]
-            assert (row["output"], row["saturated_policy"], row["saturated_value"]) == pytest.approx(shown, abs=0.006)
+            written_row = (row["output"], row["no_gradient_policy"], row["no_gradient_value"])
+            assert written_row == pytest.approx(found[record["run"], row["phase"]][4:], abs=0.006)
 
 
 def test_untrained_builds_the_run_agent_before_training(tmp_path):
