@@ -23,8 +23,8 @@ distractor and reward), the mean norm per step of the residual stream entering t
 read added to it (times the gate, with ``read_gate``) and of their ratio (docs/rl.md, "The paper's
 layer's missed controls hold a read larger than the stream it joins"); then of the core's output, which
 the policy and value read, and the share of the policy's and of the value's hidden units that pass it
-(almost) no gradient: tanh units saturated (``|tanh| > 0.99``), ReLU units at 0 (docs/rl.md, "The heads'
-activation"):
+(almost) no gradient: tanh units saturated (``|tanh| > 0.99``), ReLU units at 0 (docs/rl.md, "What the
+missed controls have in common"):
 
     python benchmarks/htm_read_scale.py --runs runs/vm-d30-htm/control/htm-seed0 --episodes 16 [--jsonl FILE]
 

@@ -2,7 +2,7 @@
 and its table shows the released initialisation's read larger than PyTorch's default; the second table
 shows the output jump once a chunk is read, and final_norm's output at the LayerNorm's scale. With --runs
 it measures trained HTM agents on their env, per phase, the read scaled by its gate, the output the heads
-read and the share of the heads' units it passes no gradient, and refuses others."""
+read and the share of the heads' units that pass it no gradient, and refuses others."""
 
 import json
 

@@ -39,7 +39,7 @@ class ActorCritic(nn.Module):
     the policy's output and 1 for the value's (CleanRL's ``layer_init``), so the first policy is
     near uniform. ``head_activation="relu"``: paper 001's heads (App. A Table 1: every activation ReLU),
     which a core's output of any scale cannot saturate; tanh's pass almost no gradient once the output
-    they read is large (docs/rl.md, "The heads' activation"). ``value_heads=K > 1``: the critic has K
+    they read is large (docs/rl.md, "What the missed controls have in common"). ``value_heads=K > 1``: the critic has K
     outputs, ``value [B, N, K]``, one return per part of the reward (PPO's ``--reward-part``).
 
     ``reconstruction=w`` adds paper 001's self-supervised loss (App. A.1; the heads' option, for an

@@ -193,8 +193,9 @@ KEY_TO_DOOR_SCALES["quick"] = replace(KEY_TO_DOOR_SCALES["quick"], distractors=(
 # on the control at 30 it learned all six seeds of the memoryless agent and of the LSTM, where 0.03 left one
 # of six of each on a wrong answer in two cases of eighteen, and learned no later (docs/rl.md, "An entropy
 # weight of 0.05 holds the control at 30"). Beside the paper's layer, htm-final-norm: the same layer with a
-# LayerNorm on its output, so that the heads read the stream at a fixed scale (docs/htm.md, "final_norm"); the
-# paper's layer's missed controls end with a residual stream several times the learned runs' (docs/rl.md).
+# LayerNorm on its output, so that the heads read it at a fixed scale (docs/htm.md, "final_norm"): the paper's
+# layer's unnormalised output saturates every tanh unit of the heads in the seeds that miss the control
+# (docs/rl.md, "What the missed controls have in common").
 HTM_FLOOR_GATE = dict(relevance_floor=0.6, read_gate=0.0)
 D30_SCALES = {
     "smoke": replace(SCALES["smoke"], models={
