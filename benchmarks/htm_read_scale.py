@@ -19,8 +19,8 @@ policy and value read, before the first chunk completes (no read) and after, for
 ``--runs DIR ...`` measures trained agents instead: each PPO run's HTM agent (its newest checkpoint)
 plays ``--episodes`` episodes of its own env, actions drawn from its policy (seeded), and a table gives,
 per layer and per phase of the episode (``info["phase"]``: Visual Match's and Key-to-Door's explore,
-distractor and reward), the mean norm per step of the residual stream entering the HTM block, of the
-read added to it (times the gate, with ``read_gate``) and of their ratio (docs/rl.md, "The paper's
+distractor and reward; Ballet's dance and choice), the mean norm per step of the residual stream entering
+the HTM block, of the read added to it (times the gate, with ``read_gate``) and of their ratio (docs/rl.md, "The paper's
 layer's missed controls hold a read larger than the stream it joins"); then of the core's output, which
 the policy and value read, and the share of the policy's and of the value's hidden units that pass it
 (almost) no gradient: tanh units saturated (``|tanh| > 0.99``), ReLU units at 0 (docs/rl.md, "What the
@@ -164,7 +164,7 @@ def print_trained(runs: list[str], episodes: int, seed: int, jsonl: str | None =
         for (layer, phase), (stream, read, ratio, output, actor, critic) in (
                 (k, v) for k, v in found.items() if k != "gates"):
             gate = found["gates"][layer]
-            name = PHASES[phase] if 0 <= phase < len(PHASES) else "-"
+            name = phase if isinstance(phase, str) else PHASES[phase] if 0 <= phase < len(PHASES) else "-"
             rows.append({"layer": layer, "gate": gate, "phase": name, "stream": round(stream, 3),
                          "read": round(read, 3), "read_over_stream": round(ratio, 3), "output": round(output, 3),
                          "no_gradient_policy": round(actor, 3), "no_gradient_value": round(critic, 3)})

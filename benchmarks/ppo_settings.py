@@ -106,6 +106,12 @@ CONTROLS = {
         grid={"htm, 8 epochs": {**BALLET_QUICK, "update_epochs": 8},
               "htm, 8 epochs, lr 3e-4": {**BALLET_QUICK, "update_epochs": 8, "lr": 3e-4},
               "htm depth 1, 8 epochs": {**BALLET_QUICK, "update_epochs": 8, "depth": 1},
+              # the heads read LN(output) (htm.py final_norm): the unlearned two-layer runs' heads saturate
+              "htm, 8 epochs, final norm": {**BALLET_QUICK, "update_epochs": 8, "core_options": dict(
+                  chunk_size=32, top_k=8, memory_size=40, final_norm=True)},
+              "htm depth 1, 8 epochs, final norm": {**BALLET_QUICK, "update_epochs": 8, "depth": 1,
+                                                    "core_options": dict(chunk_size=32, top_k=8, memory_size=40,
+                                                                         final_norm=True)},
               "gtrxl (memory 256), 8 epochs": {**BALLET_QUICK, "update_epochs": 8, "core": "gtrxl",
                                                "core_options": dict(mem_len=256)},
               "transformer-xl (memory 256), 8 epochs": {**BALLET_QUICK, "update_epochs": 8, "core": "transformer-xl",

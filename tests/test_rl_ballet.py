@@ -261,6 +261,9 @@ def test_a_ballet_rl_model_may_carry_its_own_ppo_settings_and_its_runs_get_them(
     # the variant row: HTM's options and settings, and gradients into its memory
     assert quick.models["htm-memory-gradient"] == dict(core="htm", **quick.models["htm"], memory_gradient=True)
     assert quick.ppo_of("htm-memory-gradient") == quick.ppo_of("htm")
+    # htm-final-norm: HTM's options with the output LayerNorm, at the scale's depth (no one-layer change)
+    assert quick.models["htm-final-norm"] == dict(core="htm", **quick.models["htm"], final_norm=True)
+    assert quick.ppo_of("htm-final-norm") == quick.ppo and quick.ppo_of("htm-final-norm")["depth"] == 2
     with pytest.raises(ValueError, match="model htm: its PPO settings"):
         dataclasses.replace(quick, model_ppo={"htm": {"depth": 0}})
     smoke = dataclasses.replace(ballet_rl.SCALES["smoke"], model_ppo={"htm": {"hidden": 24}})

@@ -92,9 +92,15 @@ CPU_AGENT = dict(dim=64, depth=2, heads=4, hidden=128, visual="cells", reconstru
 # from paper 001 Section 2's stop-gradient). The paper leaves what the stored steps keep to its reconstruction
 # loss, which the quick agent runs without (it stopped the control); on Visual Match the memory then stayed
 # near chance at distractor 5 and learned fast with the gradient (docs/rl.md, "HTM's memory at quick").
+# htm-final-norm: HTM with a LayerNorm on its output (final_norm, a deviation; docs/htm.md) and the scale's two
+# layers. The paper's layer leaves its output unnormalised: in the two-layer control runs that did not learn,
+# and in the one-layer HTM's 15M frames on 2_delay16, it grew to norms of 500-15,000 and saturated every tanh
+# unit of the policy and value heads; with the LayerNorm the two-layer agent learned the control in 106k-133k
+# frames (docs/rl.md, "Ballet's HTM heads").
 CPU_HTM = dict(chunk_size=32, top_k=8, memory_size=40)
 CPU_MODELS = {"mlp": dict(), "lstm": dict(), "htm": CPU_HTM,
               "htm-memory-gradient": variant_row("htm", CPU_HTM, memory_gradient=True),
+              "htm-final-norm": variant_row("htm", CPU_HTM, final_norm=True),
               "transformer-xl": dict(mem_len=256)}
 
 SCALES = {
@@ -304,6 +310,7 @@ BALLET_RL = register_experiment(
                       settings=("8_delay16", "8_delay48")),
                 *(Claim(f"{name} above the memoryless agent", model, "mlp", settings=TABLE3_LEVELS)
                   for model, name in (("htm", "HTM"), ("transformer-xl", "Transformer-XL"), ("lstm", "The LSTM"),
-                                      ("htm-memory-gradient", "HTM with gradients into its memory (a deviation)")))),
+                                      ("htm-memory-gradient", "HTM with gradients into its memory (a deviation)"),
+                                      ("htm-final-norm", "HTM with a LayerNorm on its output (a deviation)")))),
     )
 )
