@@ -108,3 +108,20 @@ def test_runs_must_be_htm_agents(tmp_path):
                out=str(run)))
     with pytest.raises(ValueError, match="HTM agent"):
         read_scale.main(["--runs", str(run)])
+
+
+def test_a_ballet_run_is_read_per_named_phase(tmp_path, capsys):
+    """Ballet's ``info["phase"]`` is a name ("dance", "choice"), not Visual Match's index: the rows carry it."""
+    from chronomem.rl.ppo import Args, train
+
+    run = tmp_path / "ballet"
+    train(Args(env="chronomem/Ballet-2_delay16-any-symbolic-v0", core="htm", dim=8, heads=2, hidden=8,
+               visual="cells", reconstruction=0.0, num_envs=2, num_steps=16, num_minibatches=1, update_epochs=1,
+               total_frames=32, device="cpu", progress=False, out=str(run)),
+          core_options={"chunk_size": 4, "top_k": 1, "memory_size": 40})
+    records = tmp_path / "reads.jsonl"
+    read_scale.main(["--runs", str(run), "--episodes", "1", "--jsonl", str(records)])
+    phases = [line.split("|")[4].strip() for line in capsys.readouterr().out.splitlines()
+              if line.startswith(f"| {run} |")]
+    assert sorted(phases) == ["choice", "dance"]
+    assert sorted(row["phase"] for row in json.loads(records.read_text())["rows"]) == ["choice", "dance"]
