@@ -43,8 +43,6 @@ import torch
 
 from chronomem.experiments.visual_match import CPU_AGENT, CPU_HTM
 
-SATURATED = 0.99  # |tanh| above this: the unit's gradient 1 - tanh^2 is under 0.02
-
 
 @contextlib.contextmanager
 def recorded_reads(record):
@@ -80,12 +78,14 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
     PPO run ``run`` over ``episodes`` episodes of its env (module docstring: ``--runs``): the mean norm per
     step of the residual stream entering each layer's HTM block, of the read added to it (gated), their
     ratio, the norm of the core's output, and the share of the policy's and the value's hidden units
-    (``ActorCritic``'s one hidden layer each) that pass no gradient: ``|tanh| > SATURATED``, or ReLU at 0.
+    (``ActorCritic``'s one hidden layer each) that pass no gradient (``agents.passes_no_gradient``:
+    ``|tanh| > 0.99``, or ReLU at 0).
     The phase is ``info["phase"]`` of the observation read (-1 where the env gives none). ``untrained``: the
     run's agent as initialised (its config, torch seeded with its seed), not its checkpoint."""
     import gymnasium as gym
 
     import chronomem.envs  # noqa: F401  (registers the ids)
+    from chronomem.agents import passes_no_gradient
     from chronomem.htm import HTMTransformer
     from chronomem.rl.evaluate import built_agent, load_agent
 
@@ -109,8 +109,7 @@ def trained_reads(run: str, episodes: int, seed: int = 0, untrained: bool = Fals
 
     def no_gradient(name):
         def record(module, inputs, out):
-            stuck = out[0, -1] == 0 if isinstance(module, torch.nn.ReLU) else out[0, -1].abs() > SATURATED
-            heads[name] = stuck.float().mean().item()
+            heads[name] = passes_no_gradient(module, out[0, -1]).float().mean().item()
         return record
 
     hooks += [agent.actor[1].register_forward_hook(no_gradient("actor")),

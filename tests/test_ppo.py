@@ -13,6 +13,7 @@ from chronomem.envs.make import make_vector_env
 from chronomem.registry import MODELS, _load
 from chronomem.rl.ppo import (
     Args,
+    DeadHeadsWatch,
     Rollout,
     StallWatch,
     as_windows,
@@ -339,6 +340,60 @@ def test_a_stalled_run_says_so_once_in_the_progress_and_in_metrics(tmp_path, cap
     assert [row["update"] for row in rows if row.get("stalled") == "1"] == ["3"]
     train(tiny_args(lr=1e-9, total_frames=48 * 8, stall_updates=0, out=str(tmp_path / "off"), progress=True))
     assert "stalled" not in capsys.readouterr().err
+
+
+def test_heads_watched_reports_what_the_heads_read():
+    """The core's output norm and the share of each head's units passing no gradient, against a hand
+    computation; tanh heads saturate on a large output where ReLU heads keep about half their units."""
+    from chronomem.agents import SATURATED, heads_watched
+
+    agent, envs = agent_and_envs("lstm")
+    obs, _ = envs.reset(seed=0)
+    envs.close()
+    obs = obs_map(lambda x: torch.as_tensor(x)[:, None], obs)
+    with torch.no_grad():
+        y, _ = agent.core(agent.encoder(obs))
+        with heads_watched(agent) as seen:
+            agent(obs)
+    hidden = torch.tanh(agent.actor[0](y)), torch.tanh(agent.critic[0](y))
+    assert seen["core_output_norm"] == pytest.approx(y.norm(dim=-1).mean().item(), rel=1e-5)
+    assert seen["heads_no_gradient_policy"] == pytest.approx((hidden[0].abs() > SATURATED).float().mean().item())
+    assert seen["heads_no_gradient_value"] == pytest.approx((hidden[1].abs() > SATURATED).float().mean().item())
+    assert not agent.core._forward_hooks and not agent.actor[1]._forward_hooks  # removed on leaving
+    large = torch.randn(4, 3, 16) * 1e3  # an output grown large: every tanh unit saturated, ReLU's half at 0
+    for head in (agent.actor, agent.critic):
+        hidden = head[1](head[0](large))
+        assert (hidden.abs() > SATURATED).float().mean() == 1.0
+        assert 0.2 < (torch.relu(head[0](large)) == 0).float().mean() < 0.8
+
+
+def test_dead_heads_are_said_once_in_the_progress_and_in_metrics(tmp_path, capsys, monkeypatch):
+    """Heads whose first layer is scaled up saturate every unit from the start: the run says so once, and
+    metrics.csv logs the shares; a run with the usual heads does not warn."""
+    from chronomem.agents import ActorCritic
+
+    watch = DeadHeadsWatch(updates=2)
+    full = {"heads_no_gradient_policy": 1.0, "heads_no_gradient_value": 1.0, "core_output_norm": 50.0}
+    assert [watch.step(full), watch.step({**full, "heads_no_gradient_policy": 0.5}), watch.step(full),
+            watch.step(full), watch.step(full)] == [False, False, False, True, False]
+    assert not DeadHeadsWatch(updates=0).step(full) and not DeadHeadsWatch(updates=1).step({})
+    train(tiny_args(total_frames=48 * 4, stall_updates=3, out=str(tmp_path / "usual"), progress=True))
+    assert "no gradient" not in capsys.readouterr().err
+    usual = read_metrics(tmp_path / "usual" / "metrics.csv")
+    assert all(0 <= float(row[k]) < 1 for row in usual for k in ("heads_no_gradient_policy", "heads_no_gradient_value"))
+    mlp = ActorCritic._mlp
+
+    def scaled(width, hidden, out, out_gain, activation):
+        layers = mlp(width, hidden, out, out_gain, activation)
+        layers[0].weight.data *= 1e4
+        return layers
+
+    monkeypatch.setattr(ActorCritic, "_mlp", staticmethod(scaled))
+    train(tiny_args(total_frames=48 * 4, stall_updates=3, out=str(tmp_path / "dead"), progress=True))
+    err = capsys.readouterr().err
+    assert err.count("the heads pass the core almost no gradient") == 1 and "final_norm=True" in err, err
+    rows = read_metrics(tmp_path / "dead" / "metrics.csv")
+    assert all(float(row["heads_no_gradient_policy"]) >= DeadHeadsWatch.SHARE for row in rows)
 
 
 def test_a_memoryless_agent_stays_at_chance_where_the_lstm_recalls_the_cue():

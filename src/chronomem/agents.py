@@ -14,6 +14,8 @@ that drive them (``chronomem.rl``, ``chronomem.train``), which own the state bet
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +28,7 @@ from chronomem.heads import reconstruction_loss
 from chronomem.layers import concat_states
 
 HEAD_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}  # ActorCritic's head_activation (PPO's --head-activation)
+SATURATED = 0.99  # |tanh| above this: the unit's gradient 1 - tanh^2 is under 0.02
 
 
 class ActorCritic(nn.Module):
@@ -106,6 +109,40 @@ class ActorCritic(nn.Module):
         if self.value_heads == 1:
             value = value.squeeze(-1)
         return (logits, value, state, auxiliary) if return_auxiliary else (logits, value, state)
+
+
+def passes_no_gradient(activation: nn.Module, hidden: Tensor) -> Tensor:
+    """Where a head's hidden unit (``hidden``, the output of ``activation``) passes (almost) no gradient back
+    to the core: a ReLU at 0, a tanh beyond ``SATURATED``. Boolean, the shape of ``hidden``."""
+    return hidden == 0 if isinstance(activation, nn.ReLU) else hidden.abs() > SATURATED
+
+
+@contextmanager
+def heads_watched(agent: ActorCritic) -> Iterator[dict[str, float]]:
+    """What the heads read, over the calls of ``agent`` made inside: yields a dict that each call fills with
+    ``core_output_norm`` (the mean norm per step of the core's output) and ``heads_no_gradient_policy`` /
+    ``heads_no_gradient_value`` (the share of the policy's and the value's hidden units that pass (almost) no
+    gradient, ``passes_no_gradient``), the last call's. Once every unit of a head passes none, the PPO loss
+    reaches neither the core nor the encoder through it: an unnormalised core output that has grown large
+    saturates tanh heads (docs/rl.md, "What the missed controls have in common")."""
+    seen: dict[str, float] = {}
+
+    def head(name: str):
+        def record(module, inputs, out):
+            seen[name] = passes_no_gradient(module, out.detach()).float().mean().item()
+        return record
+
+    def core(module, inputs, out):
+        seen["core_output_norm"] = out[0].detach().norm(dim=-1).mean().item()
+
+    hooks = [agent.core.register_forward_hook(core),
+             agent.actor[1].register_forward_hook(head("heads_no_gradient_policy")),
+             agent.critic[1].register_forward_hook(head("heads_no_gradient_value"))]
+    try:
+        yield seen
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 class InstructedPolicy(nn.Module):

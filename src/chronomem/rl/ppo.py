@@ -36,7 +36,9 @@ One update:
    reconstruction loss when it has one (paper 001 App. A.1, ``ActorCritic(reconstruction=w)``);
    advantages optionally normalised per minibatch (``norm_adv``); gradient norm clipped; the learning
    rate annealed linearly to 0 over the run. A policy that stops moving (``approx_kl`` below
-   ``stall_kl`` for ``stall_updates`` updates, the return flat) is reported once (``StallWatch``).
+   ``stall_kl`` for ``stall_updates`` updates, the return flat) is reported once (``StallWatch``), and so
+   are heads that pass the core no gradient (``DeadHeadsWatch``: metrics.csv logs, from each update's
+   first minibatch, the core's output norm and the share of the heads' units saturated or at 0).
    ``reward_part`` (a deviation, off by default): the env reports in ``info[key]`` the part of each
    step's reward to learn apart (Visual Match's apples); two value heads learn that part's return and
    the rest's, GAE runs on each, and the advantage is the sum of the two, each normalised alone with
@@ -70,7 +72,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chronomem.agents import ActorCritic
+from chronomem.agents import ActorCritic, heads_watched
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
 from chronomem.layers import concat_states
@@ -253,6 +255,35 @@ class StallWatch:
                 "(--num-minibatches, --update-epochs)")
 
 
+class DeadHeadsWatch:
+    """Says once when the heads pass the core no gradient: at least ``SHARE`` of the policy's hidden units
+    pass (almost) none (``agents.passes_no_gradient``) for ``updates`` updates in a row. The PPO loss then
+    trains the heads' last layer over units stuck at their limits, and no longer the core or the encoder:
+    the paper's HTM layer's output, left unnormalised, grew to norms of 100-15,000 in the runs that did not
+    learn their controls (docs/rl.md, "What the missed controls have in common", "Ballet's HTM heads")."""
+
+    SHARE = 0.99
+
+    def __init__(self, updates: int):
+        self.updates, self.streak, self.warned = updates, 0, False
+
+    def step(self, stats: dict[str, float]) -> bool:
+        """Record one update's ``learn`` stats; True once, at the update where the streak reaches ``updates``."""
+        if self.warned or not self.updates or "heads_no_gradient_policy" not in stats:
+            return False
+        self.streak = self.streak + 1 if stats["heads_no_gradient_policy"] >= self.SHARE else 0
+        self.warned = self.streak >= self.updates
+        return self.warned
+
+    def message(self, stats: dict[str, float], update: int, frames: int) -> str:
+        return (f"the heads pass the core almost no gradient: {stats['heads_no_gradient_policy']:.0%} of the policy's "
+                f"and {stats['heads_no_gradient_value']:.0%} of the value's hidden units saturated (tanh) or at 0 "
+                f"(ReLU) for {self.updates} updates in a row (update {update}, {frames} frames); the core's output "
+                f"they read has a norm of {stats['core_output_norm']:.1f} per step. The core and the encoder no "
+                "longer learn from the PPO loss. Likely cause: a core whose output is not normalised (HTM: "
+                "--core-opt final_norm=True), or --head-activation relu")
+
+
 def step_share(info: dict, key: str) -> np.ndarray:
     """``info[key]`` of every env for this step: the ended episodes' from ``info["final_info"]`` (the
     top level holds the next episode's first info there). A ValueError naming ``--reward-part`` if the
@@ -424,12 +455,16 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
     per_minibatch = units // args.num_minibatches
     sums: dict[str, Tensor] = {}  # summed on the device: one transfer per update, not one per minibatch
     count = 0
+    heads: dict[str, float] = {}  # what the heads read in the update's first minibatch (eager agents only)
     for _ in range(args.update_epochs):
         order = torch.randperm(units, device=rollout.actions.device)
         for start in range(0, units, per_minibatch):
             drawn = order[start : start + per_minibatch]
             index = drawn if by_windows else env_windows(drawn, B, W)
-            logprobs, entropy, values, auxiliary = replay_windows(agent, rollout, index)
+            watch = heads_watched(agent) if count == 0 and isinstance(agent, ActorCritic) else contextlib.nullcontext()
+            with watch as seen:
+                logprobs, entropy, values, auxiliary = replay_windows(agent, rollout, index)
+            heads.update(seen or {})
             logratio = logprobs - acted_logprobs[index]
             ratio = logratio.exp()
             adv = advantages[index]
@@ -470,6 +505,7 @@ def learn(agent: ActorCritic, optimizer: torch.optim.Optimizer, rollout: Rollout
         if args.target_kl is not None and float(all_reduce_mean(approx_kl, ctx)) > args.target_kl:
             break
     stats = dict(zip(sums, (torch.stack(list(sums.values())) / count).tolist(), strict=True))
+    stats.update(heads)
     returns, acted = (x.sum(-1) if x.dim() == 3 else x for x in (returns, rollout.values))
     variance = float(returns.var())
     unexplained = float((returns - acted).var())
@@ -594,6 +630,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         state = agent.initial_state(args.num_envs, device)
         tracker = EpisodeTracker(args.num_envs)
         stall = StallWatch(args.stall_updates, args.stall_kl, max_entropy=math.log(envs.single_action_space.n))
+        dead_heads = DeadHeadsWatch(args.stall_updates)
         history: list[dict[str, Any]] = [] if restored is None else restored.logged()  # the run's, resumed
         update = frames // frames_per_update
         saved_update = update if restored is not None else None
@@ -624,6 +661,8 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             stalled = stall.step(stats["approx_kl"], [r for r, _ in ended], stats["entropy"], lr / args.lr)
             if stalled:
                 reporter.note(stall.message(update, frames))
+            if dead_heads.step(stats):
+                reporter.note(dead_heads.message(stats, update, frames))
             seconds = seconds_before + time.perf_counter() - start
             if update % args.log_every == 0 or update == num_updates or stalled:
                 elapsed = time.perf_counter() - window_start
