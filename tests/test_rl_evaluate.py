@@ -180,3 +180,23 @@ def test_evaluate_draws_its_actions_from_action_seed_whatever_ran_before():
     assert after(0, action_seed=5) != after(0, action_seed=6)
     torch.manual_seed(5)  # the draws of torch's global generator seeded alike (how minigrid-transfer seeded them)
     assert evaluate(agent, CUE, episodes=32, num_envs=4, progress=False) == after(1000, action_seed=5)
+
+
+def test_evaluate_reports_what_the_heads_read_over_every_step():
+    """The means over the steps played of the core's output norm and of the heads' no-gradient shares: an agent
+    whose heads' first layers are scaled up passes no gradient at every step, the usual one at few."""
+    pytest.importorskip("gymnasium")
+    from chronomem.rl.evaluate import evaluate
+
+    agent = tiny_agent(CUE)
+    usual = evaluate(agent, CUE, episodes=4, num_envs=2, progress=False, action_seed=0)
+    assert usual["core_output_norm"] > 0
+    assert 0 <= usual["heads_no_gradient_policy"] < 0.9 and 0 <= usual["heads_no_gradient_value"] < 0.9
+    with torch.no_grad():
+        agent.actor[0].weight *= 1e4
+        agent.critic[0].weight *= 1e4
+    dead = evaluate(agent, CUE, episodes=4, num_envs=2, progress=False, action_seed=0)
+    assert dead["heads_no_gradient_policy"] > 0.97 and dead["heads_no_gradient_value"] > 0.97
+    # the same core on the same observations (CueRecall's do not depend on the actions)
+    assert dead["core_output_norm"] == usual["core_output_norm"]
+    assert not agent.core._forward_hooks and not agent.actor[1]._forward_hooks

@@ -7,6 +7,7 @@ steps so far as the sign of life, since episodes played side by side all end nea
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from chronomem.agents import ActorCritic
+from chronomem.agents import ActorCritic, heads_watched
 from chronomem.envs.make import env_seeds, make_env, make_vector_env
 from chronomem.progress import Progress
 from chronomem.rl.acting import Acting, Choose, act, drawn, most_likely, obs_map
@@ -76,7 +77,9 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
     favoured (counting the first ``episodes`` to end would be). Only the returns and lengths are kept,
     whatever the episodes' length, and each episode's ``success`` where the env reports one at its end
     (``info["final_info"]``: Visual Match's choice, Key-to-Door's door); ``success_rate`` is then theirs,
-    else the share of positive returns."""
+    else the share of positive returns. An ``ActorCritic`` also reports what its heads read, as means over every
+    step played (``agents.heads_watched``): ``core_output_norm``, ``heads_no_gradient_policy`` and
+    ``heads_no_gradient_value``."""
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"--episodes must be a positive integer, got {episodes!r}")
     n = min(num_envs, episodes)
@@ -91,18 +94,22 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
         running, lengths = np.zeros(n), np.zeros(n, dtype=np.int64)
         finished: list[list[tuple[float, int, float]]] = [[] for _ in range(n)]  # return, length, success
         counted = steps = 0
-        while counted < episodes:
-            step = acting.step()
-            running, lengths = running + step.reward, lengths + 1
-            done, final = step.done, step.info.get("final_info") or {}
-            for i in np.flatnonzero(done):
-                if len(finished[i]) < quota[i]:
-                    success = float(final["success"][i]) if final.get("_success", np.zeros(n, bool))[i] else np.nan
-                    finished[i].append((float(running[i]), int(lengths[i]), success))
-                    counted += 1
-            running[done], lengths[done] = 0.0, 0
-            steps += n
-            reporter.update(counted, {"steps": str(steps)})
+        heads: dict[str, float] = {}  # summed over the steps played
+        with heads_watched(agent) if isinstance(agent, ActorCritic) else contextlib.nullcontext() as seen:
+            while counted < episodes:
+                step = acting.step()
+                for name, value in (seen or {}).items():  # this step's (the hooks refresh it each call)
+                    heads[name] = heads.get(name, 0.0) + value
+                running, lengths = running + step.reward, lengths + 1
+                done, final = step.done, step.info.get("final_info") or {}
+                for i in np.flatnonzero(done):
+                    if len(finished[i]) < quota[i]:
+                        success = float(final["success"][i]) if final.get("_success", np.zeros(n, bool))[i] else np.nan
+                        finished[i].append((float(running[i]), int(lengths[i]), success))
+                        counted += 1
+                running[done], lengths[done] = 0.0, 0
+                steps += n
+                reporter.update(counted, {"steps": str(steps)})
     finally:
         envs.close()
     reporter.close(only_if_long=True)
@@ -111,7 +118,8 @@ def evaluate(agent: ActorCritic, env_id: str, episodes: int = 100, seed: int = 0
     reported = not np.isnan(successes).any()
     return {"env": env_id, "episodes": episodes, "return_mean": round(float(returns.mean()), 4),
             "return_std": round(float(returns.std()), 4), "length_mean": round(float(lengths.mean()), 2),
-            "success_rate": round(float(successes.mean() if reported else (returns > 0).mean()), 4)}
+            "success_rate": round(float(successes.mean() if reported else (returns > 0).mean()), 4),
+            **{name: round(total / (steps // n), 4) for name, total in heads.items()}}
 
 
 @torch.inference_mode()
