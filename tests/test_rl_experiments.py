@@ -473,7 +473,7 @@ def test_the_tvt_experiments_train_their_control_and_each_length(tmp_path, name,
 def test_visual_match_d30_is_quick_at_30_with_twice_the_episodes_and_a_floor_and_gate_row(tmp_path):
     """visual-match-d30: quick's PPO settings but an entropy weight of 0.05 and quick's agents at its longest
     distractor with twice its episodes, the control at that distractor, and the row htm-floor-gate (HTM with
-    relevance_floor and read_gate) and htm-final-norm (the paper's layer with final_norm)."""
+    relevance_floor and read_gate), htm-final-norm (the paper's layer with final_norm) and both together."""
     from chronomem.experiments.visual_match import CPU_HTM, D30_SCALES, SCALES
 
     quick, d30 = SCALES["quick"], D30_SCALES["quick"]
@@ -484,6 +484,8 @@ def test_visual_match_d30_is_quick_at_30_with_twice_the_episodes_and_a_floor_and
     assert d30.models["htm"] == CPU_HTM
     assert d30.models["htm-floor-gate"] == dict(core="htm", **CPU_HTM, relevance_floor=0.6, read_gate=0.0)
     assert d30.models["htm-final-norm"] == dict(core="htm", **CPU_HTM, final_norm=True)
+    assert d30.models["htm-floor-gate-final-norm"] == dict(core="htm", **CPU_HTM, relevance_floor=0.6, read_gate=0.0,
+                                                           final_norm=True)
     long = D30_SCALES["long"]  # twice the frames again, the control as quick's, without the paper's layer
     assert long.frames(30) == 2 * d30.frames(30) and long.control_frames == d30.control_frames
     assert long.ppo == d30.ppo and long.models == {m: d30.models[m] for m in ("mlp", "lstm", "htm-floor-gate")}

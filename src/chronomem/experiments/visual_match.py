@@ -195,16 +195,19 @@ KEY_TO_DOOR_SCALES["quick"] = replace(KEY_TO_DOOR_SCALES["quick"], distractors=(
 # weight of 0.05 holds the control at 30"). Beside the paper's layer, htm-final-norm: the same layer with a
 # LayerNorm on its output, so that the heads read it at a fixed scale (docs/htm.md, "final_norm"): the paper's
 # layer's unnormalised output saturates every tanh unit of the heads in the seeds that miss the control
-# (docs/rl.md, "What the missed controls have in common").
+# (docs/rl.md, "What the missed controls have in common"). htm-floor-gate-final-norm: htm-floor-gate with
+# that LayerNorm too; htm-floor-gate's heads had 88-93% of their units saturated at 3M frames
+# (docs/rl.md, "htm-floor-gate-final-norm").
 HTM_FLOOR_GATE = dict(relevance_floor=0.6, read_gate=0.0)
 D30_SCALES = {
     "smoke": replace(SCALES["smoke"], models={
         "mlp": {}, "htm-floor-gate": variant_row("htm", SCALES["smoke"].models["htm"], **HTM_FLOOR_GATE)}),
     "quick": replace(SCALES["quick"], distractors=(30,), episodes=50_000, control_episodes=50_000,
                      ppo={**SCALES["quick"].ppo, "ent_coef": 0.05},
-                     models=with_htm_final_norm({"mlp": {}, "lstm": {},
-                                                 "htm-floor-gate": variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE),
-                                                 "htm": CPU_HTM})),
+                     models=with_htm_final_norm({
+                         "mlp": {}, "lstm": {}, "htm-floor-gate": variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE),
+                         "htm-floor-gate-final-norm": variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE, final_norm=True),
+                         "htm": CPU_HTM})),
 }
 # long: quick's runs at 30 with twice their episodes again (100,000 a run: 6M frames), the control kept at
 # quick's 50,000 episodes (3M frames), where every seed of the memoryless agent, the LSTM and htm-floor-gate
@@ -467,7 +470,8 @@ VISUAL_MATCH_D30 = register_experiment(
         "selected chunk keeps at least 0.6 / n of the read) and read_gate=0.0 (the read enters the residual "
         "stream through a learned scalar starting at 0): deviations from paper 001, docs/htm.md; htm is the "
         "paper's layer with the same sizes, htm-final-norm the same with a LayerNorm on its output (final_norm, a "
-        "deviation: the heads read the stream at a fixed scale, as Transformer-XL's do). "
+        "deviation: the heads read the stream at a fixed scale, as Transformer-XL's do), and "
+        "htm-floor-gate-final-norm htm-floor-gate with that LayerNorm. "
         "Chance is 1/3, where the memoryless agent (mlp) must stay. "
         "learning_curves.png: % right choices of the training episodes against frames.",
         chance={"d30": round(100 / NUM_COLOURS, 1)},
@@ -475,6 +479,10 @@ VISUAL_MATCH_D30 = register_experiment(
                       "the memoryless agent does not", "htm-floor-gate", "mlp"),
                 Claim("HTM with a relevance floor and a gated read above the LSTM at distractor 30",
                       "htm-floor-gate", "lstm"),
+                Claim("HTM with a relevance floor, a gated read and a LayerNorm on its output remembers the colour "
+                      "across 30 steps of apples; the memoryless agent does not", "htm-floor-gate-final-norm", "mlp"),
+                Claim("HTM with a relevance floor, a gated read and a LayerNorm on its output above the LSTM at "
+                      "distractor 30", "htm-floor-gate-final-norm", "lstm"),
                 Claim("HTM (the paper's layer) remembers the colour; the memoryless agent does not", "htm", "mlp"),
                 Claim("HTM with a LayerNorm on its output (final_norm, a deviation) remembers the colour; the "
                       "memoryless agent does not", "htm-final-norm", "mlp"),
