@@ -183,20 +183,25 @@ def test_report_counts_long_lists_and_writes_short_ones():
     assert len(results["extra"]["runs"][0]["curve"]) == 2000  # results.json keeps every point
 
 
-def visual_match_run(directory, models, seeds=3):
-    """A quick visual-match results.json of ``models`` (success per seed and a training curve each)."""
-    lengths = (5, 30)
-    per_seed = {m: {f"d{d}": [40.0 + i + d / 10 for i in range(seeds)] for d in lengths} for m in models}
+def visual_match_run(directory, models, seeds=3, seed=0, control=False):
+    """A quick visual-match results.json of ``models`` (success per seed and a training curve each), made
+    with ``--seed seed``; ``control``: its control's summary too, every seed at 99%."""
+    lengths, own = (5, 30), range(seed, seed + seeds)
+    per_seed = {m: {f"d{d}": [40.0 + i + d / 10 for i in own] for d in lengths} for m in models}
     curve = [[2048, 30.0], [4096, 50.0]]
-    extra = {"runs": {m: [{"distractor": d, "seed": i, "success_curve": curve} for d in lengths for i in range(seeds)]
+    extra = {"runs": {m: [{"distractor": d, "seed": i, "success_curve": curve} for d in lengths for i in own]
                       for m in models},
-             "control": {m: [{"seed": i, "success_curve": curve} for i in range(seeds)] for m in models},
-             "apples": {m: {f"d{d}": 3.0 for d in lengths} for m in models}}
+             "control": {m: [{"seed": i, "success_curve": curve} for i in own] for m in models},
+             "apples": {m: {f"d{d}": 3.0 + seed for d in lengths} for m in models}}
+    if control:
+        summary = {"task": "the colour shown", "frames": 4096, "metric": "success (%)", "threshold": ">= 90%",
+                   "per_seed": {m: [99.0] * seeds for m in models}, "learned": {m: [True] * seeds for m in models}}
     config = {"scale": "quick", "distractors": list(lengths), "seeds": seeds, "game": "visual_match",
               "models": list(models)}
-    return write_run(directory, experiment="visual-match", results={m: {k: sum(v) / seeds for k, v in cells.items()}
-                                                                   for m, cells in per_seed.items()},
-                     paper={"htm": {"d90": 97.0}}, per_seed=per_seed, extra=extra, config=config)
+    return write_run(directory, experiment="visual-match", seed=seed,
+                     results={m: {k: sum(v) / seeds for k, v in cells.items()} for m, cells in per_seed.items()},
+                     paper={"htm": {"d90": 97.0}}, per_seed=per_seed, extra=extra, config=config,
+                     **({"control": summary} if control else {}))
 
 
 def test_runs_of_other_models_join_into_one_figure(tmp_path):
@@ -222,3 +227,42 @@ def test_runs_of_other_models_join_into_one_figure(tmp_path):
     other = load_results(visual_match_run(tmp_path / "other", ["transformer-xl"], seeds=2) / "results.json")
     with pytest.raises(ValueError, match="must share the seeds and settings"):
         join_runs([runs[0], other])
+
+
+def test_other_seeds_of_a_model_pool_in_the_table_the_claims_and_the_figures(tmp_path):
+    """A run made again with ``--seed 3`` for two of the main run's models adds seeds 3-5 to theirs: the
+    table lists six values per row and takes the interval over six, the control's rows count six seeds, the
+    claims judge the pooled seeds, and ``join_runs`` (the figures) pools them in seed order, the means
+    over both runs, whichever run is listed first; the same seeds twice are refused."""
+    from chronomem.report import join_runs, load_results, results_page, score, write_figures
+
+    main = visual_match_run(tmp_path / "runs" / "main", ["mlp", "lstm", "htm"], control=True)
+    more = visual_match_run(tmp_path / "runs" / "more", ["lstm", "htm"], seed=3, control=True)
+    claim = {"text": "The LSTM remembers the colour", "better": "lstm", "worse": "mlp", "settings": ["d30"]}
+    for directory in (main, more):
+        data = json.loads((directory / "results.json").read_text())
+        (directory / "results.json").write_text(json.dumps({**data, "claims": [claim]}))
+    page = results_page([tmp_path / "runs"])
+    assert "seeds 0-2, mean" in page and "seeds 3-5, mean" in page
+    lstm = [40.0 + i + 3.0 for i in range(6)]  # d30's values, seeds 0-5
+    row = next(line for line in page.splitlines() if line.startswith("| lstm | d30 |"))
+    assert " / ".join(f"{v:.1f}" for v in lstm) in row
+    low, high = score(sum(lstm) / 6, lstm).interval
+    assert f"[{low:.1f}, {high:.1f}]" in row  # over six seeds, narrower than either run's three
+    assert "| lstm | 99.0, 99.0, 99.0, 99.0, 99.0, 99.0 | 6/6 |" in page
+    assert "| mlp | 99.0, 99.0, 99.0 | 3/3 |" in page
+    judged = next(line for line in page.splitlines() if line.strip().startswith("- d30: lstm"))
+    assert f"[{low:.1f}, {high:.1f}]" in judged.split(" vs ")[0]
+    runs = [load_results(d / "results.json") for d in (more, main)]  # any order: joined in seed order
+    joined = join_runs(runs)
+    assert joined["config"]["models"] == ["mlp", "lstm", "htm"]
+    assert joined["per_seed"]["lstm"]["d30"] == lstm and len(joined["per_seed"]["mlp"]["d30"]) == 3
+    assert joined["results"]["lstm"]["d30"] == pytest.approx(sum(lstm) / 6)
+    assert [r["seed"] for r in joined["extra"]["control"]["htm"]] == [0, 1, 2, 3, 4, 5]
+    assert [r["seed"] for r in joined["extra"]["runs"]["lstm"] if r["distractor"] == 30] == [0, 1, 2, 3, 4, 5]
+    assert joined["extra"]["apples"]["lstm"] == {"d5": 4.5, "d30": 4.5}  # 3.0 and 6.0: the two runs' means
+    assert joined["extra"]["apples"]["mlp"]["d5"] == 3.0
+    assert len(write_figures([tmp_path / "runs"], tmp_path / "figures")) == 2
+    again = load_results(visual_match_run(tmp_path / "again", ["htm"], seed=2) / "results.json")
+    with pytest.raises(ValueError, match=r"seed\(s\) \[2\] of model 'htm' in more than one run"):
+        join_runs([runs[1], again])

@@ -174,15 +174,17 @@ def control_markdown(run: dict[str, Any]) -> list[str]:
 
 def pooled_controls(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The controls of runs pooled in one section, one per distinct task: runs of other models on the
-    same control (task, frames, metric and threshold alike) share one table, their models' rows joined."""
+    same control (task, frames, metric and threshold alike) share one table, their models' rows joined, and
+    a model's other seeds (its run made again with ``--seed``) extend its row."""
     pooled: dict[tuple, dict[str, Any]] = {}
     for run in runs:
         if not (control := run.get("control")):
             continue
         key = (control["task"], control["frames"], control["metric"], control["threshold"])
         joined = pooled.setdefault(key, {**control, "per_seed": {}, "learned": {}})
-        joined["per_seed"].update(control["per_seed"])
-        joined["learned"].update(control["learned"])
+        for model, values in control["per_seed"].items():  # runs in seed order (section): other seeds follow
+            joined["per_seed"][model] = joined["per_seed"].get(model, []) + list(values)
+            joined["learned"][model] = joined["learned"].get(model, []) + list(control["learned"][model])
     return list(pooled.values())
 
 
@@ -784,29 +786,51 @@ def section(runs_and_sources: list[tuple[dict[str, Any], str]]) -> str:
 
 
 def join_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several runs of one experiment and scale (other models, the same seeds and settings) as one
-    results.json's contents: ``results``, ``per_seed`` and every model-keyed dict of ``extra`` (its
-    ``runs``, ``control``...) joined model by model, ``config["models"]`` the union. A model in two runs, or
-    runs that differ in seeds or settings, is a ValueError (their figure would mix two protocols)."""
+    """Several runs of one experiment and scale (each of the same seed count and settings) as one
+    results.json's contents. Other models join model by model: ``results``, ``per_seed`` and every
+    model-keyed dict of ``extra`` (its ``runs``, ``control``...), ``config["models"]`` the union. Other seeds of
+    a model (its run made again with ``--seed``) pool with the first (``_pool``): its per-seed lists and the
+    lists of ``extra`` (a row per seed) follow one another in seed order, and its ``results`` and the numbers
+    of ``extra`` (the mean apples) become the means over its runs. A seed of a model in two runs, or runs that
+    differ in seed count or settings, is a ValueError (their figure would mix two protocols)."""
     if not runs:
         raise ValueError("join_runs needs at least one run")
+    runs = sorted(runs, key=lambda run: run.get("seed", 0))
     first = runs[0]
     joined = {**first, "results": {}, "per_seed": {}, "extra": {}, "config": {**first.get("config", {}), "models": []}}
     same = ("experiment", "scale")
+    seeds: dict[str, set[int]] = {}  # the seeds joined so far, per model
     for run in runs:
         if any(run.get(k) != first.get(k) for k in same) or _protocol(run) != _protocol(first):
             raise ValueError(f"join_runs: runs of {first['experiment']} ({first['scale']}) must share the seeds and "
                              f"settings; {_protocol(run)} differs from {_protocol(first)}")
-        overlap = set(run["results"]) & set(joined["results"])
-        if overlap:
-            raise ValueError(f"join_runs: model(s) {sorted(overlap)} in more than one run")
-        joined["results"].update(run["results"])
-        joined["per_seed"].update(run.get("per_seed", {}))
-        joined["config"]["models"] += list(run["results"])
-        for key, value in run.get("extra", {}).items():
-            if isinstance(value, dict):
-                joined["extra"].setdefault(key, {}).update(value)
+        own = set(range(run.get("seed", 0), run.get("seed", 0) + (_seed_count(run) or 1)))
+        for model in run["results"]:
+            if overlap := seeds.get(model, set()) & own:
+                raise ValueError(f"join_runs: seed(s) {sorted(overlap)} of model {model!r} in more than one run")
+            before = len(seeds.get(model, ())) // len(own)  # its runs joined so far, each of len(own) seeds
+            seeds.setdefault(model, set()).update(own)
+            if not before:
+                joined["config"]["models"].append(model)
+            for where, values in ((joined["results"], run["results"]), (joined["per_seed"], run.get("per_seed", {})),
+                                  *((joined["extra"].setdefault(key, {}), value)
+                                    for key, value in run.get("extra", {}).items() if isinstance(value, dict))):
+                if model in values:
+                    where[model] = _pool(where[model], values[model], before) if model in where else values[model]
     return joined
+
+
+def _pool(joined: Any, more: Any, runs_before: int) -> Any:
+    """A model's value from one more run pooled with its value from ``runs_before`` earlier runs of as many
+    seeds (``join_runs``): lists follow one another (a value per seed), numbers become their mean over the
+    runs, dicts pool key by key."""
+    if isinstance(joined, list) and isinstance(more, list):
+        return joined + more
+    if isinstance(joined, dict) and isinstance(more, dict) and joined.keys() == more.keys():
+        return {key: _pool(joined[key], more[key], runs_before) for key in joined}
+    if _number(joined) is not None and _number(more) is not None:
+        return (joined * runs_before + more) / (runs_before + 1)
+    raise ValueError(f"join_runs cannot pool {joined!r} with {more!r} (neither lists, numbers nor dicts alike)")
 
 
 def _protocol(run: dict[str, Any]) -> tuple:

@@ -293,7 +293,8 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
     (results.json keeps every update's), a band from the lowest to the highest seed, and ``chance``'s
     return of the setting as a dashed line. Panels share the y-axis (``ylim``, if given, for all): the
     same quantity is read on the same scale; each has its own frames (a control runs shorter than the
-    task, a longer episode longer). One legend, outside the panels. ``seeds``: how many seeds
+    task, a longer episode longer). One legend, outside the panels; where the cores have other counts of
+    seeds (runs joined with other seeds of some), each line's label gives its count. ``seeds``: how many seeds
     each line averages, when only their mean curve is given (results written before the per-seed curves
     were kept): the legend says so, and there is no band."""
     import matplotlib
@@ -311,6 +312,11 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
                              squeeze=False, sharey=True, layout="constrained")
     colours = {}  # one colour per core across panels
     given = max((len(c) for lines in panels.values() for c in lines.values()), default=0)
+    counts = {}  # each core's seeds: they differ where runs of other seeds of some cores were joined
+    for lines in panels.values():
+        for model, curves in lines.items():
+            counts[model] = max(counts.get(model, 0), len(curves))
+    alike = len(set(counts.values())) <= 1
     for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
         for model, curves in lines.items():
             points = seed_band(curves)
@@ -318,7 +324,8 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
                 continue
             colour = colours.setdefault(model, f"C{len(colours)}")
             frames, mean, low, high = zip(*points, strict=True)
-            ax.plot(frames, mean, color=colour, linewidth=1.3, label=model)
+            label = model if alike else f"{model} ({counts[model]} seeds)"
+            ax.plot(frames, mean, color=colour, linewidth=1.3, label=label)
             if len(curves) > 1:
                 ax.fill_between(frames, low, high, color=colour, alpha=0.15, linewidth=0)
         if chance and name in chance:
@@ -345,7 +352,8 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
             handles.setdefault(label, handle)
     if handles:
         seeds = seeds or given
-        what = (f"mean over {seeds} seeds, band: lowest to highest seed" if given > 1 else
+        what = ("mean over each core's seeds, band: lowest to highest seed" if not alike else
+                f"mean over {seeds} seeds, band: lowest to highest seed" if given > 1 else
                 f"mean over {seeds} seeds (per-seed curves not stored: no band)" if seeds > 1 else
                 "one seed per core")
         # Below the panels, so it covers no data and no title.

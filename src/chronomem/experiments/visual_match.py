@@ -349,11 +349,13 @@ def plot_success_by_length(results: dict, path: Path) -> None:
     lengths = list(config["distractors"])
     fig, ax = plt.subplots(figsize=(6.5, 4.6), layout="constrained")
     cores = len(results["per_seed"])
+    counts = {model: len(cells[f"d{lengths[0]}"]) for model, cells in results["per_seed"].items()}
+    alike = len(set(counts.values())) == 1  # else runs joined with other seeds of some cores: each says its own
     for i, (model, cells) in enumerate(results["per_seed"].items()):
         seeds = [cells[f"d{d}"] for d in lengths]
         mean = [sum(v) / len(v) for v in seeds]
         at = [d * DODGE ** (i - (cores - 1) / 2) for d in lengths]  # beside the length, on the log axis
-        ax.plot(at, mean, marker="o", color=f"C{i}", label=model)
+        ax.plot(at, mean, marker="o", color=f"C{i}", label=model if alike else f"{model} ({counts[model]} seeds)")
         lows, highs = [min(v) for v in seeds], [max(v) for v in seeds]
         ax.fill_between(at, lows, highs, color=f"C{i}", alpha=0.15, linewidth=0)
         ax.vlines(at, lows, highs, color=f"C{i}", alpha=0.5)  # the spread at each length (one length: no band)
@@ -366,7 +368,8 @@ def plot_success_by_length(results: dict, path: Path) -> None:
            xlim=(min(lengths) / 1.6, max(lengths) * 1.6),  # room for the dodged points, also at one length
            title=f"{experiment} ({config['scale']}): success against the distractor's length")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title=f"mean over {config['seeds']} seeds, band and bars: lowest to highest seed",
+    over = f"{next(iter(counts.values()))} seeds" if alike else "each core's seeds"
+    ax.legend(fontsize=8, title=f"mean over {over}, band and bars: lowest to highest seed",
               title_fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=3)  # below: no point hidden
     fig.savefig(path, dpi=100)
     plt.close(fig)
