@@ -812,9 +812,10 @@ def join_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             seeds.setdefault(model, set()).update(own)
             if not before:
                 joined["config"]["models"].append(model)
-            for where, values in ((joined["results"], run["results"]), (joined["per_seed"], run.get("per_seed", {})),
-                                  *((joined["extra"].setdefault(key, {}), value)
-                                    for key, value in run.get("extra", {}).items() if isinstance(value, dict))):
+            parts = [(joined["results"], run["results"]), (joined["per_seed"], run.get("per_seed", {}))]
+            parts += [(joined["extra"].setdefault(key, {}), value) for key, value in run.get("extra", {}).items()
+                      if isinstance(value, dict)]  # {model: ...}: its runs, its control, its apples
+            for where, values in parts:
                 if model in values:
                     where[model] = _pool(where[model], values[model], before) if model in where else values[model]
     return joined
