@@ -185,7 +185,7 @@ def test_report_counts_long_lists_and_writes_short_ones():
 
 def visual_match_run(directory, models, seeds=3, seed=0, control=False):
     """A quick visual-match results.json of ``models`` (success per seed and a training curve each), made
-    with ``--seed seed``; ``control``: its control's summary too, every seed at 99%."""
+    with ``--seed seed``; ``control``: its control's summary too, seed i at 90 + i %, every seed learned."""
     lengths, own = (5, 30), range(seed, seed + seeds)
     per_seed = {m: {f"d{d}": [40.0 + i + d / 10 for i in own] for d in lengths} for m in models}
     curve = [[2048, 30.0], [4096, 50.0]]
@@ -195,7 +195,8 @@ def visual_match_run(directory, models, seeds=3, seed=0, control=False):
              "apples": {m: {f"d{d}": 3.0 + seed for d in lengths} for m in models}}
     if control:
         summary = {"task": "the colour shown", "frames": 4096, "metric": "success (%)", "threshold": ">= 90%",
-                   "per_seed": {m: [99.0] * seeds for m in models}, "learned": {m: [True] * seeds for m in models}}
+                   "per_seed": {m: [90.0 + i for i in own] for m in models},
+                   "learned": {m: [True] * seeds for m in models}}
     config = {"scale": "quick", "distractors": list(lengths), "seeds": seeds, "game": "visual_match",
               "models": list(models)}
     return write_run(directory, experiment="visual-match", seed=seed,
@@ -249,8 +250,8 @@ def test_other_seeds_of_a_model_pool_in_the_table_the_claims_and_the_figures(tmp
     assert " / ".join(f"{v:.1f}" for v in lstm) in row
     low, high = score(sum(lstm) / 6, lstm).interval
     assert f"[{low:.1f}, {high:.1f}]" in row  # over six seeds, narrower than either run's three
-    assert "| lstm | 99.0, 99.0, 99.0, 99.0, 99.0, 99.0 | 6/6 |" in page
-    assert "| mlp | 99.0, 99.0, 99.0 | 3/3 |" in page
+    assert "| lstm | 90.0, 91.0, 92.0, 93.0, 94.0, 95.0 | 6/6 |" in page  # in seed order
+    assert "| mlp | 90.0, 91.0, 92.0 | 3/3 |" in page
     judged = next(line for line in page.splitlines() if line.strip().startswith("- d30: lstm"))
     assert f"[{low:.1f}, {high:.1f}]" in judged.split(" vs ")[0]
     runs = [load_results(d / "results.json") for d in (more, main)]  # any order: joined in seed order
