@@ -284,6 +284,13 @@ def random_return(env_id: str, episodes: int = 500, seed: int = 0) -> float:
     return round(float(np.mean(returns)), 4)
 
 
+def core_labels(counts: dict[str, int]) -> dict[str, str]:
+    """Each core's legend label from its count of seeds: its name where every core has as many, else its
+    name and its count (runs joined with other seeds of some cores: ``chronomem.report.join_runs``)."""
+    alike = len(set(counts.values())) <= 1
+    return {model: model if alike else f"{model} ({count} seeds)" for model, count in counts.items()}
+
+
 def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: str,
                 chance: dict[str, float] | None = None, chance_label: str = "random policy",
                 ylim: tuple[float, float] | None = None, seeds: int | None = None,
@@ -316,7 +323,8 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
     for lines in panels.values():
         for model, curves in lines.items():
             counts[model] = max(counts.get(model, 0), len(curves))
-    alike = len(set(counts.values())) <= 1
+    labels = core_labels(counts)
+    alike = labels == {model: model for model in counts}
     for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
         for model, curves in lines.items():
             points = seed_band(curves)
@@ -324,8 +332,7 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
                 continue
             colour = colours.setdefault(model, f"C{len(colours)}")
             frames, mean, low, high = zip(*points, strict=True)
-            label = model if alike else f"{model} ({counts[model]} seeds)"
-            ax.plot(frames, mean, color=colour, linewidth=1.3, label=label)
+            ax.plot(frames, mean, color=colour, linewidth=1.3, label=labels[model])
             if len(curves) > 1:
                 ax.fill_between(frames, low, high, color=colour, alpha=0.15, linewidth=0)
         if chance and name in chance:

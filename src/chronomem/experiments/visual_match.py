@@ -51,6 +51,7 @@ from chronomem.experiments.rl_runs import (
     check_cores,
     check_no_time_budget,
     control_summary,
+    core_labels,
     curve,
     plot_curves,
     variant_row,
@@ -350,12 +351,13 @@ def plot_success_by_length(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4.6), layout="constrained")
     cores = len(results["per_seed"])
     counts = {model: len(cells[f"d{lengths[0]}"]) for model, cells in results["per_seed"].items()}
-    alike = len(set(counts.values())) == 1  # else runs joined with other seeds of some cores: each says its own
+    labels = core_labels(counts)
+    alike = labels == {model: model for model in counts}
     for i, (model, cells) in enumerate(results["per_seed"].items()):
         seeds = [cells[f"d{d}"] for d in lengths]
         mean = [sum(v) / len(v) for v in seeds]
         at = [d * DODGE ** (i - (cores - 1) / 2) for d in lengths]  # beside the length, on the log axis
-        ax.plot(at, mean, marker="o", color=f"C{i}", label=model if alike else f"{model} ({counts[model]} seeds)")
+        ax.plot(at, mean, marker="o", color=f"C{i}", label=labels[model])
         lows, highs = [min(v) for v in seeds], [max(v) for v in seeds]
         ax.fill_between(at, lows, highs, color=f"C{i}", alpha=0.15, linewidth=0)
         ax.vlines(at, lows, highs, color=f"C{i}", alpha=0.5)  # the spread at each length (one length: no band)
