@@ -205,6 +205,26 @@ def visual_match_run(directory, models, seeds=3, seed=0, control=False):
                      **({"control": summary} if control else {}))
 
 
+def test_the_mean_of_runs_of_other_seeds_is_over_their_seeds(tmp_path):
+    """A row pooled from a run of seeds 0-2 and one of seeds 3-5 shows the mean of its six seeds, as its
+    claims take it, not the mean of the two runs' means, which each run stores rounded to a decimal; so
+    does ``join_runs`` (the figures)."""
+    from chronomem.report import join_runs, load_results, results_page
+
+    runs = {0: [97.0, 97.33, 98.67], 3: [30.67, 97.0, 99.0]}  # means 97.667 and 75.557: stored 97.7 and 75.6
+    for seed, values in runs.items():
+        directory = visual_match_run(tmp_path / "runs" / f"seed{seed}", ["lstm"], seed=seed)
+        data = json.loads((directory / "results.json").read_text())
+        data["per_seed"]["lstm"]["d30"] = values
+        data["results"]["lstm"]["d30"] = round(sum(values) / 3, 1)
+        (directory / "results.json").write_text(json.dumps(data))
+    row = next(line for line in results_page([tmp_path / "runs"]).splitlines() if line.startswith("| lstm | d30 |"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[2:5] == ["97.7", "75.6", "86.6"]  # (97.7 + 75.6) / 2 would show 86.7
+    joined = join_runs([load_results(tmp_path / "runs" / f"seed{seed}" / "results.json") for seed in runs])
+    assert joined["results"]["lstm"]["d30"] == pytest.approx(sum(runs[0] + runs[3]) / 6)  # the figures' value
+
+
 def test_runs_of_other_models_join_into_one_figure(tmp_path):
     """Two visual-match runs made apart (the main run's three models, then one more) join model by model
     (results, per seed, the extra's curves, config's models), and ``write_figures`` draws the joined

@@ -697,8 +697,9 @@ def spread_table(runs: list[dict[str, Any]]) -> list[str]:
                        None) for column in columns]
         cells = [_cell(v) for v in values]
         mean = _row_value(runs, model, setting)
-        if several:
-            cells.append(_cell(_mean(values)))
+        if several:  # over every seed the runs list, as the claims take it, not the mean of the runs' rounded means
+            over_seeds = score(mean, seeds[model, setting]).mean if seeds[model, setting] else None
+            cells.append(_cell(over_seeds if over_seeds is not None and None not in values else _mean(values)))
         if listed:
             cells.append(_seeds_text(seeds[model, setting]) if seeds[model, setting] else "—")
         if intervals:
@@ -790,8 +791,9 @@ def join_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     results.json's contents. Other models join model by model: ``results``, ``per_seed`` and every
     model-keyed dict of ``extra`` (its ``runs``, ``control``...), ``config["models"]`` the union. Other seeds of
     a model (its run made again with ``--seed``) pool with the first (``_pool``): its per-seed lists and the
-    lists of ``extra`` (a row per seed) follow one another in seed order, and its ``results`` and the numbers
-    of ``extra`` (the mean apples) become the means over its runs. A seed of a model in two runs, or runs that
+    lists of ``extra`` (a row per seed) follow one another in seed order, its ``results`` become the means over
+    every seed (not of the runs' rounded means) and the numbers of ``extra`` (the mean apples) the means over
+    its runs. A seed of a model in two runs, or runs that
     differ in seed count or settings, is a ValueError (their figure would mix two protocols)."""
     if not runs:
         raise ValueError("join_runs needs at least one run")
@@ -818,6 +820,10 @@ def join_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             for where, values in parts:
                 if model in values:
                     where[model] = _pool(where[model], values[model], before) if model in where else values[model]
+            if before:  # the mean over every seed listed, as the table and the claims take it
+                for setting, listed in joined["per_seed"].get(model, {}).items():
+                    if setting in joined["results"][model] and (mean := score(None, listed).mean) is not None:
+                        joined["results"][model][setting] = mean
     return joined
 
 
