@@ -121,8 +121,9 @@ CPU_AGENT = dict(dim=64, depth=1, heads=4, hidden=64, visual="cells")
 # in the paper's short Ballet levels.
 CPU_HTM = dict(chunk_size=16, top_k=4, memory_size=24, window=16, memory_gradient=True)
 # A floor under HTM's relevance and its read gated shut at the start (deviations, docs/htm.md): the rows
-# htm-floor-gate and htm-floor-gate-final-norm (visual-match-d30 and key-to-door below).
+# htm-floor-gate and htm-floor-gate-final-norm (the same with final_norm; visual-match-d30 and key-to-door below).
 HTM_FLOOR_GATE = dict(relevance_floor=0.6, read_gate=0.0)
+HTM_FLOOR_GATE_FINAL_NORM = variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE, final_norm=True)
 
 
 def with_htm_final_norm(models: dict) -> dict:
@@ -182,13 +183,12 @@ SCALES = {
 # (docs/rl.md, "key-to-door"). Its entropy weight is Visual Match's 0.03: with 0.01 HTM learned the control
 # late or never (205k, 74k, never in 300k frames; 63k for the never-seed with 0.03), and distractor 90 is
 # left to the paper scale: no agent learned it in 1.8M frames (docs/rl.md, "The experiment: key-to-door").
-# Beside the rows of quick's cores, htm-floor-gate-final-norm: the HTM agent that learned every seed of
-# Visual Match at 30 in visual-match-d30's first three (below), asked whether its memory credits the key too.
+# Beside the rows of quick's cores, htm-floor-gate-final-norm: visual-match-d30's HTM, the one that learns
+# Visual Match at 30 (below), asked whether its memory credits the key too (docs/rl.md, "key-to-door").
 KEY_TO_DOOR_SCALES = {name: replace(scale, game="key_to_door", mode="active") for name, scale in SCALES.items()}
 KEY_TO_DOOR_SCALES["quick"] = replace(
     KEY_TO_DOOR_SCALES["quick"], distractors=(30,), episodes=15_000, control_episodes=5_000,
-    models={**CPU_MODELS,
-            "htm-floor-gate-final-norm": variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE, final_norm=True)})
+    models={**CPU_MODELS, "htm-floor-gate-final-norm": HTM_FLOOR_GATE_FINAL_NORM})
 
 # visual-match-d30: Visual Match at quick's longest distractor, 30, with twice quick's episodes (50,000 a run:
 # 3M frames). There HTM with a floor under its relevance and its read gated shut (relevance_floor=0.6,
@@ -213,7 +213,7 @@ D30_SCALES = {
                      ppo={**SCALES["quick"].ppo, "ent_coef": 0.05},
                      models=with_htm_final_norm({
                          "mlp": {}, "lstm": {}, "htm-floor-gate": variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE),
-                         "htm-floor-gate-final-norm": variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE, final_norm=True),
+                         "htm-floor-gate-final-norm": HTM_FLOOR_GATE_FINAL_NORM,
                          "htm": CPU_HTM})),
 }
 # long: quick's runs at 30 with twice their episodes again (100,000 a run: 6M frames), the control kept at
