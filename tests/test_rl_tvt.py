@@ -337,3 +337,31 @@ def test_visual_match_readout_finds_the_colour_where_it_is_in_view():
     assert all(row["first_chunk"] == 0 for row in found["readout"] if row["step"] < 9)  # no complete chunk yet
     assert rows[10]["first_chunk"] == pytest.approx(1.0)  # the only chunk: all the relevance
     assert 0 <= found["choice_right"] <= 1
+
+
+def test_visual_match_seen_counts_the_explore_phases_that_show_the_colour(tmp_path):
+    # benchmarks/visual_match_seen.py: the passive board shows the colour in every explore phase, the active
+    # 5x5 window in some; the right choices split between the two kinds of episode and add up.
+    import json
+
+    from tests.helpers import load_benchmark
+
+    seen = load_benchmark("visual_match_seen")
+    passive = seen.seen_and_chosen(_Walker(0), visual_match_id("passive", 5), episodes=6)
+    assert passive["seen"] == 100.0 and passive["right_when_not_seen"] is None
+    assert passive["right"] == passive["right_when_seen"]
+    active = seen.seen_and_chosen(None, visual_match_id("active", 5), episodes=40)
+    assert 0.0 < active["seen"] < 100.0  # a random walk sees the colour in some episodes, not all
+    shares = active["seen"] / 100, 1 - active["seen"] / 100
+    assert active["right"] == pytest.approx(shares[0] * active["right_when_seen"]
+                                            + shares[1] * active["right_when_not_seen"], abs=0.1)
+    assert seen.seen_and_chosen(None, visual_match_id("active", 5), episodes=40) == active  # seeded
+    with pytest.raises(ValueError, match="Visual Match"):
+        seen.seen_and_chosen(None, key_to_door_id(5), episodes=1)
+    records = tmp_path / "seen.jsonl"
+    for _ in range(2):  # appended, never overwritten
+        seen.main(["--random", visual_match_id("active", 5), "--episodes", "3", "--jsonl", str(records)])
+    first, second = (json.loads(line) for line in records.read_text().splitlines())
+    assert first == second and first["run"] == "random policy" and first["episodes"] == 3
+    with pytest.raises(SystemExit):
+        seen.main(["--episodes", "3"])  # neither runs nor --random
