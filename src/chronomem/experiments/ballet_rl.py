@@ -36,6 +36,7 @@ from chronomem.envs.ballet_world import LEVELS, MIXTURE, ballet_id, cue_step, pa
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.experiments.rl_runs import (
+    HTM_FLOOR_GATE,
     PPORun,
     check_cores,
     check_no_time_budget,
@@ -106,8 +107,8 @@ CPU_HTM = dict(chunk_size=32, top_k=8, memory_size=40)
 CPU_MODELS = {"mlp": dict(), "lstm": dict(), "htm": CPU_HTM,
               "htm-memory-gradient": variant_row("htm", CPU_HTM, memory_gradient=True),
               "htm-final-norm": variant_row("htm", CPU_HTM, final_norm=True),
-              "htm-floor-gate-final-norm": variant_row("htm", CPU_HTM, memory_gradient=True, relevance_floor=0.6,
-                                                       read_gate=0.0, final_norm=True),
+              "htm-floor-gate-final-norm": variant_row("htm", CPU_HTM, memory_gradient=True, **HTM_FLOOR_GATE,
+                                                       final_norm=True),
               "transformer-xl": dict(mem_len=256)}
 
 SCALES = {

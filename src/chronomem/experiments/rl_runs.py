@@ -38,6 +38,11 @@ def row_core(model: str, options: dict) -> tuple[str, dict]:
     return core, options
 
 
+# HTM's relevance floor and its read gated shut at the start (deviations, docs/htm.md), as the Visual Match,
+# Key-to-Door and Ballet rows named htm-floor-gate* take them.
+HTM_FLOOR_GATE = dict(relevance_floor=0.6, read_gate=0.0)
+
+
 def variant_row(core: str, options: dict, **changes) -> dict:
     """The options of a row that is ``core`` with ``options`` and ``changes`` (the format ``row_core`` reads)."""
     return dict(core=core, **options, **changes)

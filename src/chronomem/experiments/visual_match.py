@@ -47,6 +47,7 @@ from chronomem.envs.tvt import EXPLORE, GAMES, NUM_COLOURS, REWARD, key_to_door_
 from chronomem.experiments.base import Experiment, select_models
 from chronomem.experiments.jobs import SEQUENTIAL, Jobs
 from chronomem.experiments.rl_runs import (
+    HTM_FLOOR_GATE,
     PPORun,
     check_cores,
     check_no_time_budget,
@@ -120,9 +121,8 @@ CPU_AGENT = dict(dim=64, depth=1, heads=4, hidden=64, visual="cells")
 # Transformer-XL's extra length is the paper's 256 (App. A Table 1): it attends to the whole episode, as
 # in the paper's short Ballet levels.
 CPU_HTM = dict(chunk_size=16, top_k=4, memory_size=24, window=16, memory_gradient=True)
-# A floor under HTM's relevance and its read gated shut at the start (deviations, docs/htm.md): the rows
-# htm-floor-gate and htm-floor-gate-final-norm (the same with final_norm; visual-match-d30 and key-to-door below).
-HTM_FLOOR_GATE = dict(relevance_floor=0.6, read_gate=0.0)
+# The rows htm-floor-gate and htm-floor-gate-final-norm (the same with final_norm; visual-match-d30 and
+# key-to-door below): HTM with rl_runs.HTM_FLOOR_GATE.
 HTM_FLOOR_GATE_FINAL_NORM = variant_row("htm", CPU_HTM, **HTM_FLOOR_GATE, final_norm=True)
 
 
