@@ -38,14 +38,13 @@ def play_cases(agent, env_id: str, episodes: int, greedy: bool, seed: int = 0) -
     import gymnasium as gym
 
     import chronomem.envs  # noqa: F401  (registers the ids)
-    from chronomem.envs.tvt import CODE_SYMBOLS, COLOUR, NUM_COLOURS, SQUARE_CELLS, Layout, TVTEnv, sample_layout
+    from chronomem.envs.tvt import COLOUR_CHANNELS, NUM_COLOURS, SQUARE_CELLS, Layout, TVTEnv, sample_layout
 
     env = gym.make(env_id)
     game = env.unwrapped
     if not isinstance(game, TVTEnv) or game.game != "visual_match" or game.mode != "passive" \
             or game.observation != "symbolic":
         raise ValueError(f"--env must be a passive, symbolic Visual Match id, got {env_id!r}")
-    colours = CODE_SYMBOLS[COLOUR:COLOUR + NUM_COLOURS].argmax(1)  # the grid's channels of the three colours
     rng, actions = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     cases: dict[str, Counter] = {}
     for order in itertools.permutations(range(NUM_COLOURS)):
@@ -64,7 +63,7 @@ def play_cases(agent, env_id: str, episodes: int, greedy: bool, seed: int = 0) -
                     action = logits.argmax() if greedy else torch.multinomial(logits.softmax(-1), 1, generator=actions)
                     obs, _, terminated, truncated, info = env.step(int(action))
                     done = terminated or truncated
-                touched = touched_square(obs["grid"], SQUARE_CELLS, colours)
+                touched = touched_square(obs["grid"], SQUARE_CELLS, COLOUR_CHANNELS)
                 counts["right" if info.get("success") else "wrong" if touched else "none"] += 1
             cases[f"colours {order}, target {target}"] = counts
     env.close()

@@ -28,13 +28,12 @@ def seen_and_chosen(agent, env_id: str, episodes: int, seed: int = 0) -> dict:
     import gymnasium as gym
 
     import chronomem.envs  # noqa: F401  (registers the ids)
-    from chronomem.envs.tvt import CODE_SYMBOLS, COLOUR, NUM_COLOURS, TVTEnv
+    from chronomem.envs.tvt import COLOUR_CHANNELS, TVTEnv
 
     env = gym.make(env_id)
     game = env.unwrapped
     if not isinstance(game, TVTEnv) or game.game != "visual_match" or game.observation != "symbolic":
         raise ValueError(f"env_id must be a symbolic Visual Match id, got {env_id!r}")
-    colours = CODE_SYMBOLS[COLOUR:COLOUR + NUM_COLOURS].argmax(1)  # the grid's channels of the three colours
     rng, actions = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
     counts = {"seen": [0, 0], "not seen": [0, 0]}  # [episodes, right choices]
     for episode in range(episodes):
@@ -43,7 +42,7 @@ def seen_and_chosen(agent, env_id: str, episodes: int, seed: int = 0) -> dict:
         seen, done = False, False
         while not done:
             # in the explore phase the cue is the only coloured cell on the board
-            seen |= info["phase"] == 0 and bool(obs["grid"][..., colours].any())
+            seen |= info["phase"] == 0 and bool(obs["grid"][..., COLOUR_CHANNELS].any())
             if agent is None:
                 action = int(rng.integers(env.action_space.n))
             else:

@@ -356,6 +356,14 @@ def test_learning_curves_show_a_seed_band_a_random_line_a_shared_y_axis_and_a_le
         fig.legends[0].get_title().get_text()
 
 
+def test_legend_labels_give_each_core_s_seeds_only_where_the_cores_differ():
+    from chronomem.experiments.rl_runs import core_labels, seeds_alike
+
+    assert seeds_alike({"lstm": 3, "htm": 3}) and core_labels({"lstm": 3, "htm": 3}) == {"lstm": "lstm", "htm": "htm"}
+    assert not seeds_alike({"lstm": 6, "htm": 3})
+    assert core_labels({"lstm": 6, "htm": 3}) == {"lstm": "lstm (6 seeds)", "htm": "htm (3 seeds)"}
+
+
 def test_a_random_policy_return_is_the_same_for_a_seed():
     from chronomem.experiments.rl_runs import random_return
 

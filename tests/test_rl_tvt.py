@@ -290,18 +290,17 @@ def test_visual_match_cases_keep_the_envs_cue_cell():
     import gymnasium as gym
     from tests.helpers import load_benchmark
 
-    from chronomem.envs.tvt import CODE_SYMBOLS, COLOUR, NUM_COLOURS
+    from chronomem.envs.tvt import COLOUR_CHANNELS
 
     cases = load_benchmark("visual_match_cases")
     env_id = visual_match_id("passive", 5)
     walker = _FirstObservations(1)
     cases.play_cases(walker, env_id, episodes=1, greedy=True)
     natural = gym.make(env_id)
-    colours = CODE_SYMBOLS[COLOUR:COLOUR + NUM_COLOURS].argmax(1)  # the grid's channels of the three colours
-    cue = natural.reset(seed=3)[0]["grid"][..., colours].any(-1)  # the explore room's one coloured cell
+    cue = natural.reset(seed=3)[0]["grid"][..., COLOUR_CHANNELS].any(-1)  # the explore room's one coloured cell
     natural.close()
     assert len(walker.first) == 18 and cue.sum() == 1
-    assert all(np.array_equal(grid[..., colours].any(-1), cue) for grid in walker.first)
+    assert all(np.array_equal(grid[..., COLOUR_CHANNELS].any(-1), cue) for grid in walker.first)
 
 
 def test_visual_match_readout_finds_the_colour_where_it_is_in_view():

@@ -102,6 +102,7 @@ for _code, _channel in ((WALL, 0), (APPLE, 2), (KEY, 3), (DOOR, 4), (INDICATOR, 
     CODE_SYMBOLS[_code, _channel] = 1
 CODE_SYMBOLS[np.arange(COLOUR, NUM_CODES), np.arange(6, 9)] = 1
 PLAYER_CHANNEL = 1
+COLOUR_CHANNELS = CODE_SYMBOLS[COLOUR:NUM_CODES].argmax(1)  # the symbolic grid's channels of colours 0-2
 
 
 def _rgb(r: int, g: int, b: int) -> tuple[int, int, int]:

@@ -289,10 +289,16 @@ def random_return(env_id: str, episodes: int = 500, seed: int = 0) -> float:
     return round(float(np.mean(returns)), 4)
 
 
+def seeds_alike(counts: dict[str, int]) -> bool:
+    """Whether every core has as many seeds (they differ where runs joined other seeds of some cores:
+    ``chronomem.report.join_runs``)."""
+    return len(set(counts.values())) <= 1
+
+
 def core_labels(counts: dict[str, int]) -> dict[str, str]:
-    """Each core's legend label from its count of seeds: its name where every core has as many, else its
-    name and its count (runs joined with other seeds of some cores: ``chronomem.report.join_runs``)."""
-    alike = len(set(counts.values())) <= 1
+    """Each core's legend label from its count of seeds: its name where every core has as many
+    (``seeds_alike``), else its name and its count."""
+    alike = seeds_alike(counts)
     return {model: model if alike else f"{model} ({count} seeds)" for model, count in counts.items()}
 
 
@@ -328,8 +334,7 @@ def plot_curves(panels: dict[str, dict[str, list[Curve]]], path: Path, title: st
     for lines in panels.values():
         for model, curves in lines.items():
             counts[model] = max(counts.get(model, 0), len(curves))
-    labels = core_labels(counts)
-    alike = labels == {model: model for model in counts}
+    labels, alike = core_labels(counts), seeds_alike(counts)
     for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
         for model, curves in lines.items():
             points = seed_band(curves)

@@ -55,6 +55,7 @@ from chronomem.experiments.rl_runs import (
     core_labels,
     curve,
     plot_curves,
+    seeds_alike,
     variant_row,
 )
 from chronomem.registry import register_experiment
@@ -357,8 +358,7 @@ def plot_success_by_length(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4.6), layout="constrained")
     cores = len(results["per_seed"])
     counts = {model: len(cells[f"d{lengths[0]}"]) for model, cells in results["per_seed"].items()}
-    labels = core_labels(counts)
-    alike = labels == {model: model for model in counts}
+    labels, alike = core_labels(counts), seeds_alike(counts)
     for i, (model, cells) in enumerate(results["per_seed"].items()):
         seeds = [cells[f"d{d}"] for d in lengths]
         mean = [sum(v) / len(v) for v in seeds]
