@@ -118,11 +118,12 @@ def steady_state(model, batch: int, dim: int, fill: int, generator: torch.Genera
 def acting_outputs(model, state, inputs: torch.Tensor) -> torch.Tensor:
     """The outputs ``[steps, B, 1, D]`` of ``inputs`` fed one call per step from ``state``, the steps one
     fixed stretch as an agent's acting is (``rl.acting.Acting``: a core compares its parameters with the
-    ones its cache was made with once, not at every step; ``layers.parameters_fixed``)."""
+    ones its cache was made with once, not at every step, and a compiled core reads the cache of every
+    step after the first unchecked; ``layers.parameters_fixed``)."""
     with torch.inference_mode():
         outputs, stretch = [], fixed_stretch()
-        for x in inputs:
-            with parameters_fixed(stretch):
+        for t, x in enumerate(inputs):
+            with parameters_fixed(stretch, continued=t > 0):
                 y, state = model(x, state=state)
             outputs.append(y)
         return torch.stack(outputs)

@@ -50,17 +50,19 @@ def assert_cell_impls_agree(encoder: nn.Module, obs) -> None:
 
 def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch.Tensor, atol: float = 1e-5) -> None:
     """``core`` acting one step at a time on ``x [B, N, D]`` (episode ends ``done [B, N]``), without
-    gradients, under ``torch.compile`` (``aot_eager``: traced, no code generated) gives eager's outputs
-    step after step in one graph (no break: nothing read from a value), and eager's states but for the
-    version tag of the cached keys and values (0: a compiled step reads no cache and names none,
-    ``layers.cache_version``), so that an eager step from a compiled step's state gives eager's output.
-    After its parameters change in place (an update) it acts on without compiling again: two more passes
-    over the steps from the states the first left, the parameters moved before each, under
-    ``error_on_recompile``."""
+    gradients, its steps one fixed stretch as ``rl.acting.Acting`` plays them (every step after the first
+    ``continued``: a compiled step then reads the cache unchecked, the first projects it again), under
+    ``torch.compile`` (``aot_eager``: traced, no code generated) gives eager's outputs step after step in
+    whole graphs (no break: nothing read from a value), and eager's states but for the version tag of the
+    cached keys and values (0: a compiled step names none, ``layers.cache_version``), so that an eager step
+    from a compiled step's state gives eager's output. After its parameters change in place (an update) it
+    acts on without compiling again: two more passes over the steps from the states the first left, each a
+    new stretch, the parameters moved before each, under ``error_on_recompile``."""
     import dataclasses
 
     from torch._dynamo.utils import counters
 
+    from chronomem.layers import fixed_stretch, parameters_fixed
     from contract import assert_same_state
 
     def act(x, state, done):
@@ -73,27 +75,58 @@ def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(act, backend="aot_eager", dynamic=False)  # static, as PPO compiles
-    eager_state = compiled_state = None
+    with torch.inference_mode():  # as a rollout after PPO's first starts: from a state made while acting
+        eager_state = compiled_state = core.init_state(x.shape[0])
     try:
         for attempt in range(3):
             if attempt:
                 with torch.no_grad():
                     for p in core.parameters():
                         p.add_(0.01 * torch.randn_like(p))  # an update, in place
+            stretch = fixed_stretch()
             with torch.inference_mode(), torch._dynamo.config.patch(error_on_recompile=attempt > 0):
                 for t in range(x.shape[1]):
                     step = (x[:, t : t + 1], done[:, t : t + 1])
                     if t == x.shape[1] - 1:  # an eager step from the compiled state: the cache projected again
                         torch.testing.assert_close(act(step[0], compiled_state, step[1])[0],
                                                    act(step[0], eager_state, step[1])[0], atol=atol, rtol=atol)
-                    want, eager_state = act(step[0], eager_state, step[1])
-                    got, compiled_state = compiled(step[0], compiled_state, step[1])
+                    with parameters_fixed(stretch, continued=t > 0):
+                        want, eager_state = act(step[0], eager_state, step[1])
+                        got, compiled_state = compiled(step[0], compiled_state, step[1])
                     torch.testing.assert_close(got, want, atol=atol, rtol=atol, msg=f"output at step {t}")
                     assert_same_state(compiled_state, untagged(eager_state), atol, f"state after step {t}")
         breaks = list(counters["graph_break"])
     finally:
         torch._dynamo.reset()
     assert not breaks, breaks
+
+
+def assert_compiled_acting_reads_the_cache(core: nn.Module, x: torch.Tensor, field: str, atol: float = 1e-5) -> None:
+    """A compiled acting step (``aot_eager``, static, as PPO compiles) that continues its stretch reads the keys
+    and values cached in its state (``field``), unchecked: made wrong, they change its output. The stretch's
+    first step projects them again: the same output from the wrong cache as from the right one, eager's."""
+    import dataclasses
+
+    from chronomem.layers import fixed_stretch, parameters_fixed
+
+    with torch.no_grad():
+        _, state = core(x[:, :-1])  # eager, without gradients: a state whose cache is current
+    spoiled = dataclasses.replace(state, **{field: tuple(kv + 1.0 for kv in getattr(state, field))})
+    step, stretch = x[:, -1:], fixed_stretch()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, state: core(x, state)[0], backend="aot_eager", dynamic=False)
+    try:
+        with torch.inference_mode():
+            want = core(step, state)[0]
+            with parameters_fixed(stretch):
+                first, first_spoiled = compiled(step, state), compiled(step, spoiled)
+            with parameters_fixed(stretch, continued=True):
+                later, later_spoiled = compiled(step, state), compiled(step, spoiled)
+    finally:
+        torch._dynamo.reset()
+    for got in (first, first_spoiled, later):
+        torch.testing.assert_close(got, want, atol=atol, rtol=atol)
+    assert (later_spoiled - want).abs().max() > 100 * atol  # the cache was read
 
 
 def assert_compiled_learning_matches(core: nn.Module, x: torch.Tensor, done: torch.Tensor, atol: float = 1e-5) -> None:

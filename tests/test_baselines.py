@@ -26,7 +26,12 @@ from chronomem.baselines import (
     relative_shift,
 )
 from chronomem.registry import build_backbone, get_model
-from helpers import assert_compiled_acting_matches, assert_compiled_learning_matches, assert_same_gradients
+from helpers import (
+    assert_compiled_acting_matches,
+    assert_compiled_acting_reads_the_cache,
+    assert_compiled_learning_matches,
+    assert_same_gradients,
+)
 
 torch.set_num_threads(1)
 
@@ -779,15 +784,16 @@ def test_transformer_step_under_autograd_gives_the_gradients_of_one_call():
 @pytest.mark.parametrize("gated", [False, True])
 def test_a_compiled_xl_acting_step_is_one_graph(gated):
     """Under ``torch.compile`` acting (sliding memory) gives eager's outputs and state, step after step
-    through an episode end, in one graph: no value read (the parameters' version, ``_read_segment_choices``'
-    masks and cache); the memory's keys and values projected again, concatenated, not read from the
-    cache or written into ``XLBuffers``."""
+    through an episode end, in whole graphs: no value read (the parameters' version, ``_read_segment_choices``'
+    masks and cache check); the memory's keys and values read from the cache unchecked where the step
+    continues its stretch (else projected again), concatenated, not written into ``XLBuffers``."""
     torch.manual_seed(1)
     xl = _xl(memory_mode="sliding", gated=gated)
     x = torch.randn(3, 9, 16)
     done = torch.zeros(3, 9, dtype=torch.bool)
     done[0, 3] = True
     assert_compiled_acting_matches(xl, x, done)
+    assert_compiled_acting_reads_the_cache(xl, x, "kv")
 
 
 @pytest.mark.parametrize("core", ["transformer-xl", "gtrxl", "mlp"])

@@ -13,7 +13,12 @@ from chronomem.ops import htm_chunks
 from chronomem.ops.htm_local import local_layout
 from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, GROUPED_MIN_PAIRS, READ_IMPLS
 from contract import assert_same_state
-from helpers import assert_compiled_acting_matches, assert_compiled_learning_matches, assert_same_gradients
+from helpers import (
+    assert_compiled_acting_matches,
+    assert_compiled_acting_reads_the_cache,
+    assert_compiled_learning_matches,
+    assert_same_gradients,
+)
 
 torch.set_num_threads(1)
 
@@ -784,16 +789,18 @@ def test_one_step_path_equals_the_general_path_with_gradients(options, monkeypat
 @pytest.mark.parametrize("options", [{}, {"shared_memory": True, "window": 1, "extra_length": 2, "overlap": 1}])
 def test_a_compiled_acting_step_is_one_graph(options):
     """Under ``torch.compile`` an acting step gives eager's outputs and state, step after step through
-    chunks that complete and an episode end, in one graph: the choices an eager step reads from values
-    (``_read_step_choices``: the cached keys and values, whether a chunk completes) are made from shapes
-    (no cache read, the general write), and the attention's empty rows, the chunk count, the commit and
-    the reset run inside the graph."""
+    chunks that complete and an episode end, in whole graphs: the choices an eager step reads from values
+    (``_read_step_choices``: whether the cached keys and values are current, whether a chunk completes)
+    are made without them (the cache read unchecked where the step continues its stretch, else projected
+    again; the general write), and the attention's empty rows, the chunk count, the commit and the reset
+    run inside the graph."""
     torch.manual_seed(16)
     model = HTMTransformer(**{**SMALL, **options}).eval()
     x = torch.randn(3, 11, 16)
     done = torch.zeros(3, 11, dtype=torch.bool)
     done[1, 4] = True
     assert_compiled_acting_matches(model, x, done)
+    assert_compiled_acting_reads_the_cache(model, x, "keys_values")
     with torch.no_grad():
         _, state = model(x)
     assert state.memories[0].committed.min() >= 2  # chunks complete within the steps

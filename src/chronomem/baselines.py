@@ -426,8 +426,9 @@ class XLState(RecurrentState):
     zero at invalid slots) and ``kv_version [B]`` names the parameter values they were computed with
     (0: a row with no valid slot, or a call with gradients or a compiled one made them:
     ``layers.cache_version``). An eager call without gradients (acting) reads them instead of projecting
-    the whole memory again; a call with gradients, a compiled one, or one after the parameters changed
-    recomputes them from ``memory``. Same numbers either way.
+    the whole memory again, and so does a compiled acting step that continues its stretch (unchecked:
+    ``layers.reads_cached_kv``); a call with gradients, any other compiled one, or one after the parameters
+    changed recomputes them from ``memory``. Same numbers either way.
     (A state built from ``memory`` and ``valid`` alone has no cache and is recomputed.)
     """
 
@@ -650,10 +651,11 @@ class TransformerXL(CausalCore):
     def _segment_choices(self, state: XLState, mask: Tensor | None, version: Tensor) -> tuple[bool, bool, bool]:
         """Whether every step is valid (``mask``), whether every memory slot is too (then no key is masked),
         and whether the cached keys and values may be read (``_read_segment_choices``). A compiled call
-        decides without reading a value: no cache read (``layers.reads_cached_kv``), the keys masked as the
-        state says, the steps as ``mask`` says."""
+        decides without reading a value: the keys masked as the state says, the steps as ``mask`` says, and
+        the cache read unchecked where the call continues an acting stretch, else projected again
+        (``layers.reads_cached_kv``)."""
         if torch.compiler.is_compiling():
-            return mask is None, False, False
+            return mask is None, False, state.kv is not None and reads_cached_kv()
         return self._read_segment_choices(state, mask, version)
 
     @torch.compiler.disable

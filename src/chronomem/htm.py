@@ -499,7 +499,8 @@ class HTMTransformerState(RecurrentState):
     the number of the parameter values they were computed with (``layers.ParameterVersion``; 0 for a
     row with no step of its episode yet, or when a call with gradients or a compiled one made them:
     ``layers.cache_version``). An eager call without gradients reads them instead of projecting the cache
-    again when every row's number is the module's present one; a compiled call projects it again; a call
+    again when every row's number is the module's present one; a compiled call reads them unchecked where it
+    continues an acting stretch (``layers.reads_cached_kv``) and projects the cache again elsewhere; a call
     with gradients (the gradient flows through ``W_kv LN(cache)`` into
     the parameters and the cache), or after the parameters changed, projects the cache. Same numbers
     either way. None (a state built by hand): projected."""
@@ -690,9 +691,10 @@ class HTMTransformer(CausalCore):
             raise ValueError("output_steps reads the last steps of each call; mask must not pad any step")
         window = dict(window=cfg.window, extra_length=cfg.extra_length)
         version = cache_version(self._parameter_version, state.position)
-        # (a learning or compiled call reads no cache: decided here, not in the disabled _cached_kv, so its
-        # graph is whole)
-        cached = self._cached_kv(state, version) if reads_cached_kv() else None
+        # (a learning call reads no cache, a compiled one reads it unchecked where it may: decided here, not
+        # in the disabled _cached_kv, so that its graph is whole)
+        cached = None if not reads_cached_kv() else (
+            state.keys_values if torch.compiler.is_compiling() else self._cached_kv(state, version))
         memories, caches, keys_values = [], [], []
         if cfg.shared_memory:  # App. B.4: every layer reads the same memory of the model's inputs
             stored, shared = self._store_and_read(state.memories[0], x, lengths, episodes)
@@ -737,10 +739,12 @@ class HTMTransformer(CausalCore):
         """The choices of an acting step: the parameters' version, the cached keys and values if the step
         may read them (``_cached_kv``), and whether a chunk completes in some row of some memory (then every
         memory takes the general write). Eagerly they read values (``_read_step_choices``); compiled, the
-        step reads no cache and takes the general write, which is always correct, so that its graph is whole
-        (``layers.reads_cached_kv``; docs/rl.md, "Compiled")."""
-        if torch.compiler.is_compiling():  # the tag cache_version gives a compiled call (0), no cache, a write
-            return cache_version(self._parameter_version, state.position), None, True
+        step takes the general write, which is always correct, and reads the cache unchecked where it
+        continues an acting stretch, else none, so that its graph is whole (``layers.reads_cached_kv``;
+        docs/rl.md, "Compiled")."""
+        if torch.compiler.is_compiling():  # the tag cache_version gives a compiled call (0), and a write
+            cached = state.keys_values if reads_cached_kv() else None
+            return cache_version(self._parameter_version, state.position), cached, True
         return self._read_step_choices(state)
 
     @torch.compiler.disable

@@ -554,6 +554,7 @@ class ParameterVersion:
     is read only when compared (a generator costs nothing otherwise)."""
 
     _stretch = 0  # the fixed stretch being run (parameters_fixed), 0 outside any
+    _continued = False  # the block's calls start from a state an earlier block of the stretch left
 
     def __init__(self):
         self._values: list[Tensor] = []
@@ -580,17 +581,23 @@ def fixed_stretch() -> int:
 
 
 @contextlib.contextmanager
-def parameters_fixed(stretch: int):
+def parameters_fixed(stretch: int, continued: bool = False):
     """Run the block as part of stretch ``stretch`` (``fixed_stretch()``), whose calls change no parameter
     of any module: each ``ParameterVersion`` compares its parameters' values at its first call of the
     stretch only. A stretch may be entered many times (one acting step each); changing a parameter
     between its first and last block is a mistake nothing detects (cached keys and values made with the
-    old values would be read). Blocks nest: the inner stretch holds inside it."""
-    outer, ParameterVersion._stretch = ParameterVersion._stretch, stretch
+    old values would be read). Blocks nest: the inner stretch holds inside it.
+
+    ``continued``: the block's calls start from a state that an earlier block of the same stretch left (an
+    acting loop's steps after its first, ``rl.acting.Acting``), so the keys and values cached in it were
+    made with the present parameters, or the row holds none (``reset``). A compiled call then reads them
+    unchecked (``reads_cached_kv``); an eager one checks their version as always."""
+    outer = ParameterVersion._stretch, ParameterVersion._continued
+    ParameterVersion._stretch, ParameterVersion._continued = stretch, continued
     try:
         yield
     finally:
-        ParameterVersion._stretch = outer
+        ParameterVersion._stretch, ParameterVersion._continued = outer
 
 
 def cache_version(parameter_version, like: Tensor) -> Tensor:
@@ -601,17 +608,22 @@ def cache_version(parameter_version, like: Tensor) -> Tensor:
     (``reads_cached_kv``) and the next eager call without gradients projects what it leaves again: with
     gradients, the gradient flows through their projection and the parameters are about to change (an
     optimiser step); compiled, the parameters' version is not a value a graph can read."""
-    if not reads_cached_kv():
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return like.new_zeros((), dtype=torch.long)
     return torch.tensor(parameter_version(), device=like.device)
 
 
 def reads_cached_kv() -> bool:
-    """Whether a call may read the keys and values a core cached in its state (after checking their
-    version): eagerly and without gradients (an agent acting, an evaluation). A call with gradients
-    projects them again for the gradient; a compiled one projects them again so that its graph reads no
-    value to decide (one graph per acting step, which CUDA graphs can replay; docs/rl.md, "Compiled")."""
-    return not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+    """Whether a call may read the keys and values a core cached in its state. Eagerly without gradients (an
+    agent acting, an evaluation): yes, after checking their version. A call with gradients projects them again
+    for the gradient. A compiled call cannot check a version (a value) without breaking its graph: it reads
+    them, unchecked, only where its state continues a fixed stretch (``parameters_fixed(..., continued=True)``:
+    an acting loop's steps after its first, whose caches are current by construction), and projects them
+    again elsewhere. The graph is specialised on that flag (dynamo guards it): two graphs per acting step,
+    each whole, which CUDA graphs can replay (docs/rl.md, "Compiled")."""
+    if torch.is_grad_enabled():
+        return False
+    return ParameterVersion._continued if torch.compiler.is_compiling() else True
 
 
 def _map_tensors(value: Any, fn) -> Any:

@@ -113,7 +113,9 @@ class Acting:
 
     The agent's parameters must not change while one ``Acting`` plays (a rollout, an evaluation): its steps
     are one ``layers.parameters_fixed`` stretch, so a core that caches keys and values compares its
-    parameters once, at the first step, not at every step."""
+    parameters once, at the first step, not at every step; and every step after the first continues the
+    stretch from the state the one before left (``continued``), so that a compiled core reads the keys and
+    values cached in it without checking them (``layers.reads_cached_kv``)."""
 
     def __init__(self, agent, envs, obs, state, choose: Choose = sampled):
         mode = envs.metadata.get("autoreset_mode")
@@ -123,11 +125,13 @@ class Acting:
         self.agent, self.envs, self.obs, self.state, self.choose = agent, envs, obs, state, choose
         self.env_seconds = 0.0
         self.stretch = fixed_stretch()
+        self.continued = False  # whether self.state was left by a step of this stretch
 
     @torch.inference_mode()
     def step(self) -> ActingStep:
-        with parameters_fixed(self.stretch):
+        with parameters_fixed(self.stretch, continued=self.continued):
             action, logprob, value, state, obs_t = act(self.agent, self.obs, self.state, self.choose)
+        self.continued = True
         tic = time.perf_counter()
         self.obs, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
         self.env_seconds += time.perf_counter() - tic
