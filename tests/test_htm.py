@@ -800,7 +800,8 @@ def test_a_compiled_acting_step_is_one_graph(options):
     done = torch.zeros(3, 11, dtype=torch.bool)
     done[1, 4] = True
     assert_compiled_acting_matches(model, x, done)
-    assert_compiled_acting_reads_the_cache(model, x, "keys_values")
+    if not options:  # the same read with a shared memory
+        assert_compiled_acting_reads_the_cache(model, x, "keys_values")
     with torch.no_grad():
         _, state = model(x)
     assert state.memories[0].committed.min() >= 2  # chunks complete within the steps
