@@ -254,6 +254,28 @@ class RecordingEnvs:
         return out
 
 
+def test_every_call_of_a_rollout_has_the_acting_shape_truncation_bootstraps_included():
+    """A truncation is valued in a call of the whole batch (the other rows' values dropped), not of the
+    truncated rows alone: a compiled agent (static shapes) then compiles no graph per number of rows."""
+    agent, envs = agent_and_envs("lstm", seed=3)
+    shapes = []
+
+    class Recorded:  # the agent, noting the shape of every observation it is called on
+        def parameters(self):
+            return agent.parameters()
+
+        def __call__(self, obs, state):
+            shapes.append(tuple(obs.shape[:2]))
+            return agent(obs, state)
+
+    obs, _ = envs.reset(seed=[1, 2, 3, 4])
+    rollout, _, _ = collect(Recorded(), envs, obs, agent.initial_state(4), 16)
+    envs.close()
+    assert rollout.truncated.any()
+    assert len(shapes) == 16 + int(rollout.truncated.any(0).sum()) + 1  # steps, bootstraps, the next value
+    assert set(shapes) == {(4, 1)}
+
+
 def test_same_step_autoreset_and_truncation_bootstrap():
     """The step that ends an episode returns the next episode's first observation; the rollout keeps it
     as the next step's input, resets the state there, bootstraps a truncation with the value of the

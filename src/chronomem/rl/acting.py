@@ -26,7 +26,8 @@ from torch import Tensor
 
 from chronomem.layers import fixed_stretch, parameters_fixed
 
-__all__ = ["Acting", "ActingStep", "act", "as_tensor", "drawn", "most_likely", "obs_map", "sampled", "stack_obs"]
+__all__ = ["Acting", "ActingStep", "act", "as_tensor", "drawn", "final_observations", "most_likely", "obs_map",
+           "sampled"]
 
 
 def obs_map(fn, obs):
@@ -38,11 +39,19 @@ def as_tensor(obs, device) -> Any:
     return obs_map(lambda a: torch.as_tensor(np.asarray(a), device=device), obs)
 
 
-def stack_obs(observations: list) -> Any:
-    """One batched observation from a list of single ones (``info["final_obs"]`` holds them one by one)."""
-    if isinstance(observations[0], dict):
-        return {key: np.stack([o[key] for o in observations]) for key in observations[0]}
-    return np.stack(observations)
+def final_observations(obs, info: dict, rows) -> Any:
+    """The batched observation ``obs`` (the envs' next one) with the rows ``rows`` replaced by the final
+    observations of the episodes that ended there (``info["final_obs"]`` holds them one by one: same-step
+    autoreset): a whole batch, whatever the number of rows, to value them in one call of the acting shape."""
+    final = obs_map(np.array, obs)  # a copy
+    for i in rows:
+        ended = info["final_obs"][i]
+        if isinstance(final, dict):
+            for key in final:
+                final[key][i] = ended[key]
+        else:
+            final[i] = ended
+    return final
 
 
 # How an action is chosen from ``logits [B, A]``: ``(action [B], log-probability [B] or None)``.

@@ -76,7 +76,7 @@ from chronomem.agents import ActorCritic, heads_watched
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
 from chronomem.layers import concat_states
-from chronomem.rl.acting import Acting, act, as_tensor, obs_map, sampled, stack_obs
+from chronomem.rl.acting import Acting, act, as_tensor, final_observations, obs_map, sampled
 from chronomem.rl.settings import Args
 from chronomem.threads import threads_set_to
 from chronomem.train.checkpoint import save_checkpoint
@@ -336,10 +336,10 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
         if trunc.any():  # bootstrap: the value of the final observation, with the ended episode's state
             rows = np.flatnonzero(trunc)
             index = torch.as_tensor(rows, device=device)
-            with torch.inference_mode():
-                _, _, final_value, _, _ = act(agent, stack_obs([info["final_obs"][i] for i in rows]),
-                                              step.state.select(index))
-            buffers["final_values"][index, t] = final_value
+            with torch.inference_mode():  # every row valued, the truncated ones' kept: one call shape, [B, 1],
+                # so that a compiled agent compiles no graph per number of truncated rows
+                _, _, final_value, _, _ = act(agent, final_observations(acting.obs, info, rows), step.state)
+            buffers["final_values"][index, t] = final_value[index]
         if tracker is not None:
             tracker.step(step.reward, term | trunc, info)
     next_obs, state = acting.obs, acting.state
