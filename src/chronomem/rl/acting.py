@@ -136,9 +136,15 @@ class Acting:
         self.stretch = fixed_stretch()
         self.continued = False  # whether self.state was left by a step of this stretch
 
+    def in_stretch(self):
+        """The context of a call of the agent within this stretch, from a state its steps left (once one has
+        run: ``continued``): its steps, and a caller's other calls (a truncation's value, the rollout's next
+        value), which then read the cached keys and values too."""
+        return parameters_fixed(self.stretch, continued=self.continued)
+
     @torch.inference_mode()
     def step(self) -> ActingStep:
-        with parameters_fixed(self.stretch, continued=self.continued):
+        with self.in_stretch():
             action, logprob, value, state, obs_t = act(self.agent, self.obs, self.state, self.choose)
         self.continued = True
         tic = time.perf_counter()

@@ -336,14 +336,14 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
         if trunc.any():  # bootstrap: the value of the final observation, with the ended episode's state
             rows = np.flatnonzero(trunc)
             index = torch.as_tensor(rows, device=device)
-            with torch.inference_mode():  # every row valued, the truncated ones' kept: one call shape, [B, 1],
-                # so that a compiled agent compiles no graph per number of truncated rows
+            with torch.inference_mode(), acting.in_stretch():  # every row valued, the truncated ones' kept: the
+                # acting shape, [B, 1], so that a compiled agent compiles no graph per number of truncated rows
                 _, _, final_value, _, _ = act(agent, final_observations(acting.obs, info, rows), step.state)
             buffers["final_values"][index, t] = final_value[index]
         if tracker is not None:
             tracker.step(step.reward, term | trunc, info)
     next_obs, state = acting.obs, acting.state
-    with torch.inference_mode():
+    with torch.inference_mode(), acting.in_stretch():  # the state its last step left
         _, _, next_value, _, _ = act(agent, next_obs, state)
     rollout = Rollout(obs, actions, terminated=terminated, truncated=truncated, next_value=next_value.clone(),
                       state=concat_states(window_states), window=window, env_seconds=acting.env_seconds, **buffers)
