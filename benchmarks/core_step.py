@@ -4,10 +4,13 @@ An agent drives its memory core in two ways (docs/design.md, "Episode boundaries
 
 * **acting**: one call per environment step, ``x [B, 1, D]`` with the state carried. Each core is
   first brought to its steady state: ``--fill`` steps (default 1,024, more than every bounded memory
-  here holds) streamed in calls of 64 steps. A timed repeat then runs ``--steps`` consecutive
-  one-step calls from that state under ``torch.inference_mode`` (32 by default: whole chunks of the
-  chunked cores, so a chunk's commit is counted once per chunk, as in acting) and divides by their
-  number; the table shows the median over ``--repeats``, the env-steps per second ``B / seconds``
+  here holds) streamed in calls of 64 steps, the rows out of phase (``--phase staggered``, the
+  default: row b starts b % 64 steps later, as an agent's envs do once their episodes have ended at
+  different steps, so a chunked core completes a chunk in some row at most steps; ``--phase aligned``:
+  every row in phase, a chunk's commit once per chunk for all rows together, what this script timed
+  until the option). A timed repeat then runs ``--steps`` consecutive one-step calls from that state
+  under ``torch.inference_mode`` (32 by default: whole chunks of the chunked cores) and divides by
+  their number; the table shows the median over ``--repeats``, the env-steps per second ``B / seconds``
   and the ratio to the LSTM's step. Every repeat starts from the same steady state, so memories
   that grow with time (MemRNN, MemLSTM: every past step) are timed at ``--fill`` steps. With
   ``--compile BACKEND`` each core also runs under ``torch.compile(backend=BACKEND)`` (the same module
@@ -105,13 +108,27 @@ def build(core: Core, dim: int, depth: int, heads: int, seed: int = 0) -> torch.
     return build_backbone(core.name, dim=dim, depth=depth, num_heads=heads, causal=True, **core.options)
 
 
-def steady_state(model, batch: int, dim: int, fill: int, generator: torch.Generator):
-    """The state after ``fill`` random steps, streamed in calls of ``FILL_CALL`` steps, without gradients."""
+PHASES = ("staggered", "aligned")
+
+
+def steady_state(model, batch: int, dim: int, fill: int, generator: torch.Generator, phase: str = "staggered"):
+    """The state after ``fill`` random steps, streamed in calls of ``FILL_CALL`` steps, without gradients.
+
+    ``phase="staggered"``: row b's first call pads its last ``b % n`` steps (n the call's length), so the rows'
+    streams are out of phase, as an agent's envs are once their episodes have ended at different steps: a
+    chunked core then completes a chunk in some row at most steps. ``"aligned"``: every row streams every
+    step, so a chunked core's rows complete their chunks at the same step (what this script timed until
+    the phase was an option)."""
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
     state = None
     with torch.no_grad():
         for start in range(0, fill, FILL_CALL):
             x = torch.randn(batch, min(FILL_CALL, fill - start), dim, generator=generator)
-            _, state = model(x, state=state)
+            mask = None
+            if start == 0 and phase == "staggered":
+                mask = torch.arange(x.shape[1])[None, :] < x.shape[1] - torch.arange(batch)[:, None] % x.shape[1]
+            _, state = model(x, state=state, mask=mask)
     return state
 
 
@@ -184,14 +201,14 @@ def time_learning(model, state, x: torch.Tensor, done: torch.Tensor | None) -> f
     return time.perf_counter() - start
 
 
-def _cores_and_states(cores, dim, depth, heads, batch, fill, seed):
+def _cores_and_states(cores, dim, depth, heads, batch, fill, seed, phase="staggered"):
     generator = torch.Generator().manual_seed(seed)
     models = [build(core, dim, depth, heads, seed) for core in cores]
-    return models, [steady_state(model, batch, dim, fill, generator) for model in models]
+    return models, [steady_state(model, batch, dim, fill, generator, phase) for model in models]
 
 
 def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1024, steps=32, repeats=20,
-                seed=0, compile_backend: str | None = None) -> list[dict]:
+                seed=0, compile_backend: str | None = None, phase: str = "staggered") -> list[dict]:
     """One row per core: ``ms`` per step (median over repeats), ``env_steps_per_s`` and ``ratio`` to the
     reference core's eager ``ms`` (``REFERENCE``, which ``cores`` must hold); ``compiled`` None;
     ``mflop`` and ``operations`` per step (``acting_work``) and ``flop_ratio`` to the reference's. With
@@ -199,7 +216,7 @@ def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1
     ``max_diff`` the largest difference of its outputs from the eager ones over the timed steps)."""
     if not any(core.name == REFERENCE for core in cores):
         raise ValueError(f"cores must include the reference {REFERENCE!r}")
-    models, states = _cores_and_states(cores, dim, depth, heads, batch, fill, seed)
+    models, states = _cores_and_states(cores, dim, depth, heads, batch, fill, seed, phase)
     inputs = torch.randn(steps, batch, 1, dim, generator=torch.Generator().manual_seed(seed + 1))
     # (core, backend, callable, state): each compiled twin shares its eager module's weights and state
     runs = []
@@ -329,6 +346,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=20, help="timed repeats of the acting path")
     p.add_argument("--steps", type=int, default=32, help="consecutive one-step calls per acting repeat")
     p.add_argument("--fill", type=int, default=1024, help="steps streamed before timing (the steady state)")
+    p.add_argument("--phase", choices=PHASES, default="staggered",
+                   help="the acting rows' streams out of phase, as an agent's envs (default), or in phase")
     p.add_argument("--rollout", type=int, default=128, help="steps of the learning call (0: skip it)")
     p.add_argument("--learn-repeats", type=int, default=5, help="timed repeats of the learning path")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -359,10 +378,11 @@ def main(argv: list[str] | None = None) -> dict:
     # Every core's call is CausalCore.forward, whose compiled variants (a module, a shape, grad mode each)
     # dynamo counts together: past its limit of 8 it runs the rest eagerly. Room for every row's.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(CORES))
-    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, compile_backend=args.compile, **width)
+    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, compile_backend=args.compile,
+                         phase=args.phase, **width)
     print(f"acting: x [{args.batch}, 1, {args.dim}], depth {args.depth}, {args.heads} heads, state after "
-          f"{args.fill} steps, {torch.get_num_threads()} thread(s), inference_mode, median of {args.repeats} "
-          f"x {args.steps} steps")
+          f"{args.fill} steps ({args.phase}), {torch.get_num_threads()} thread(s), inference_mode, median of "
+          f"{args.repeats} x {args.steps} steps")
     print(format_acting(acting))
     learning = []
     if args.rollout:

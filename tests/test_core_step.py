@@ -157,3 +157,18 @@ def test_the_kv_cache_benchmark_compares_two_paths_that_agree(capsys):
     kv_cache_step.main(["--steps", "20", "--repeats", "1", "--batches", "2", "3"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:5].strip() in ("2", "3")]
     assert [row[1] for row in rows] == ["in", "concatenating", "ratio"] * 2
+
+
+def test_the_staggered_steady_state_puts_the_rows_out_of_phase():
+    """``phase="staggered"`` (the default): a chunked core's rows are at different points of their chunks, as
+    an agent's envs are, so some row completes a chunk at most steps; ``"aligned"``: every row at the same
+    point. Every row holds a full memory either way. An unknown phase is refused."""
+    htm = core_step.build(core_step.Core("htm", "", {"chunk_size": 4, "memory_size": 2, "top_k": 1, "window": 4}),
+                          16, 1, 2)
+    for phase, fills in (("staggered", [0, 3, 2, 1, 0, 3]), ("aligned", [0] * 6)):
+        state = core_step.steady_state(htm, 6, 16, 32, torch.Generator().manual_seed(0), phase)
+        assert state.memories[0].fill.tolist() == fills, phase
+        assert state.memories[0].valid.all(), phase
+    assert core_step.make_parser().parse_args([]).phase == "staggered"
+    with pytest.raises(ValueError, match="phase must be one of"):
+        core_step.steady_state(htm, 2, 16, 8, torch.Generator(), "sideways")

@@ -792,7 +792,7 @@ def test_a_compiled_acting_step_is_one_graph(options):
     chunks that complete and an episode end, in whole graphs: the choices an eager step reads from values
     (``_read_step_choices``: whether the cached keys and values are current, whether a chunk completes)
     are made without them (the cache read unchecked where the step continues its stretch, else projected
-    again; the general write), and the attention's empty rows, the chunk count, the commit and the reset
+    again; the write that commits), and the attention's empty rows, the chunk count, the commit and the reset
     run inside the graph."""
     torch.manual_seed(16)
     model = HTMTransformer(**{**SMALL, **options}).eval()

@@ -9,6 +9,7 @@ from chronomem.ops.htm_chunks import (
     Accumulator,
     NewChunks,
     append_step,
+    append_step_and_commit,
     call_chunks,
     call_chunks_reference,
     chunks_to_read,
@@ -185,9 +186,44 @@ def test_append_step_is_complete_chunks_without_a_chunk(overlap):
     assert torch.equal(got.accumulator[torch.arange(B), acc.fill], x.detach()[:, 0])
 
 
+@pytest.mark.parametrize("overlap", [0, 1, 2])
+@pytest.mark.parametrize("compiling", [False, True])
+def test_append_step_and_commit_is_the_general_write_of_one_step(overlap, compiling, monkeypatch):
+    """``append_step_and_commit`` == ``complete_chunks`` then ``commit_chunks`` of one step per row, rows at
+    fills C - 1 (the step completes their chunk, one of them into a full ring, evicting) and below (it only
+    joins the accumulator), and == the naive references (``call_chunks_reference``,
+    ``commit_chunks_reference``). ``compiling``: the commit a graph runs (``commit_chunks_select``). The step
+    is stored detached."""
+    from chronomem.ops import htm_chunks
+
+    monkeypatch.setattr(htm_chunks.torch.compiler, "is_compiling", lambda: compiling)
+    g = torch.Generator().manual_seed(5)
+    mem = stored_memory(False, overlap, g, lengths=(15, 13, 6))  # rows full, full, one chunk stored
+    fill = torch.tensor([C - 1, 1, C - 1])
+    carried = torch.minimum(fill, torch.tensor(overlap))
+    steps = torch.randn(B, C, D, generator=g, dtype=torch.float64)
+    acc = Accumulator(steps * (torch.arange(C)[None, :] < fill[:, None])[..., None], fill, carried)
+    x = torch.randn(B, 1, D, generator=g, dtype=torch.float64, requires_grad=True)
+    got_acc, got_ring = append_step_and_commit(acc, mem.ring, x, overlap)
+    new, want_acc = complete_chunks(acc, x, torch.ones(B, dtype=torch.long), overlap)
+    want_ring = commit_chunks_reference(mem.ring, new)
+    for name, tensor in want_ring._asdict().items():
+        assert torch.equal(getattr(got_ring, name), tensor), name
+    for name in Accumulator._fields:
+        assert torch.equal(getattr(got_acc, name), getattr(want_acc, name)), name
+    assert torch.equal(got_ring.committed - mem.ring.committed, torch.tensor([1, 0, 1]))
+    chunks, after = call_chunks_reference(acc, x.detach(), torch.ones(B, dtype=torch.long), overlap)
+    for b in range(B):
+        assert len(chunks[b]) == int(fill[b] == C - 1)
+        assert int(got_acc.fill[b]) == len(after[b]["steps"]) and int(got_acc.carried[b]) == after[b]["carried"]
+        torch.testing.assert_close(got_acc.accumulator[b, : int(got_acc.fill[b])], after[b]["steps"])
+    assert not got_acc.accumulator.requires_grad and not got_ring.contents.requires_grad
+
+
 def test_memory_append_step_equals_write_at_every_step():
     """``HierarchicalMemory.append_step`` == ``write`` step after step, through chunks completing (the
-    general write) and steps that complete none (``append_step``), rows at different fills."""
+    write that commits, ``append_step_and_commit``) and steps that complete none (``append_step``), rows at
+    different fills."""
     g = torch.Generator().manual_seed(4)
     mask = torch.tensor([[1, 1], [1, 0], [0, 0]]).bool()  # rows at fills 2, 1, 0
     slow = HierarchicalMemory.empty(B, 3, C, D, overlap=1, dtype=torch.float64)

@@ -146,6 +146,7 @@ from chronomem.ops.htm_chunks import (
     ReadChunks,
     RingBuffer,
     append_step,
+    append_step_and_commit,
     call_chunks,
     chunks_to_read,
     commit_chunks,
@@ -287,15 +288,17 @@ class HierarchicalMemory(RecurrentState):
 
     def append_step(self, x: Tensor, completes: bool | None = None) -> HierarchicalMemory:
         """``write_chunks(x, ones)`` of one step per row, ``x [B, 1, D]`` without padding or episode end (an
-        agent acting): a step that completes no row's chunk (most of them) only joins the accumulator
-        (``ops.htm_chunks.append_step``); one that completes a chunk takes ``write_chunks``. ``completes``:
-        whether a row's chunk may complete (None: read from ``fill``; True is always correct), for a
-        caller that decides once for several memories (``HTMTransformer``'s step)."""
+        agent acting): a step that completes no row's chunk only joins the accumulator
+        (``ops.htm_chunks.append_step``); one that completes a chunk in some row commits those rows' chunks
+        with selects (``ops.htm_chunks.append_step_and_commit``). ``completes``: whether a row's chunk may
+        complete (None: read from ``fill``; True is always correct), for a caller that decides once for
+        several memories (``HTMTransformer``'s step)."""
         if completes is None:
             completes = bool((self.fill >= self.chunk_size - 1).any())
         if not completes:
             return replace(self, **append_step(self.filling, x)._asdict())
-        return self.write_chunks(x, torch.ones_like(self.fill))[0]
+        filling, ring = append_step_and_commit(self.filling, self.ring, x, self.overlap)
+        return replace(self, **filling._asdict(), **ring._asdict())
 
     def commit(self, chunks: NewChunks) -> HierarchicalMemory:
         """Put the valid ``chunks`` into the ring buffer, in order (``ops.htm_chunks.commit_chunks``):
@@ -738,8 +741,9 @@ class HTMTransformer(CausalCore):
     def _step_choices(self, state: HTMTransformerState) -> tuple[Tensor, tuple | None, bool]:
         """The choices of an acting step: the parameters' version, the cached keys and values if the step
         may read them (``_cached_kv``), and whether a chunk completes in some row of some memory (then every
-        memory takes the general write). Eagerly they read values (``_read_step_choices``); compiled, the
-        step takes the general write, which is always correct, and reads the cache unchecked where it
+        memory takes the write that commits, ``ops.htm_chunks.append_step_and_commit``). Eagerly they read
+        values (``_read_step_choices``); compiled, the step takes the write that commits, which is always
+        correct, and reads the cache unchecked where it
         continues an acting stretch, else none, so that its graph is whole (``layers.reads_cached_kv``;
         docs/rl.md, "Compiled")."""
         if torch.compiler.is_compiling():  # the tag cache_version gives a compiled call (0), and a write

@@ -9,6 +9,8 @@ This module builds those chunks and the mask of what each query may read:
   tensor ops (no loop over steps).
 * ``append_step``: ``complete_chunks``'s accumulator for one step per row that completes no chunk (an agent's
   step, most of them), in a few ops.
+* ``append_step_and_commit``: ``complete_chunks`` then ``commit_chunks`` for one step per row without an
+  episode end, where a row's chunk may complete (an agent's step whose envs are out of phase), as selects.
 * ``partial_chunk``: the chunk being filled, committed early at an episode end (empty slots masked).
 * ``call_chunks``: every chunk a call commits, in commit order, with the step that commits it and that
   step's episode: ``complete_chunks`` without episode ends; with them, every step's offset in its
@@ -161,6 +163,29 @@ def append_step(acc: Accumulator, x: Tensor) -> Accumulator:
     and ``carried <= fill`` stays."""
     slot = torch.arange(acc.accumulator.shape[1], device=x.device) == acc.fill[:, None]  # [B, C]
     return Accumulator(torch.where(slot[..., None], x.detach(), acc.accumulator), acc.fill + 1, acc.carried)
+
+
+def append_step_and_commit(acc: Accumulator, memory: RingBuffer, x: Tensor,
+                           overlap: int) -> tuple[Accumulator, RingBuffer]:
+    """The accumulator and ring buffer after appending one step per row, ``x [B, 1, D]`` (detached), where
+    any row's chunk may complete (``fill == C - 1``; an agent's step whose envs are out of phase, or any
+    compiled one): ``complete_chunks`` then ``commit_chunks`` for one step, without the stream a call of
+    many steps builds. A step completes at most one chunk per row: its accumulator with the step in slot
+    ``fill``, committed whole (every slot valid, its key the mean) as one column; where it completes, the
+    accumulator keeps its last ``overlap`` steps (carried)."""
+    C = acc.accumulator.shape[1]
+    x = x.detach()  # Section 2: stop gradients flowing into the memory
+    slots = torch.arange(C, device=x.device)
+    chunk = torch.where((slots == acc.fill[:, None])[..., None], x, acc.accumulator)  # [B, C, D]
+    completes = acc.fill == C - 1  # [B]
+    column = NewChunks(chunk.mean(1)[:, None], chunk[:, None], completes[:, None, None].expand(-1, 1, C),
+                       completes[:, None])
+    # The next chunk begins with the completed one's last `overlap` steps (App. A), already in memory.
+    carried_over = chunk.roll(overlap - C, 1) * (slots < overlap)[:, None].to(chunk.dtype) if overlap else 0.0
+    filled = Accumulator(torch.where(completes[:, None, None], carried_over, chunk),
+                         torch.where(completes, overlap, acc.fill + 1),
+                         torch.where(completes, overlap, acc.carried))
+    return filled, commit_chunks(memory, column)
 
 
 def partial_chunk(acc: Accumulator, done: Tensor) -> NewChunks:
