@@ -290,7 +290,7 @@ class HierarchicalMemory(RecurrentState):
         """``write_chunks(x, ones)`` of one step per row, ``x [B, 1, D]`` without padding or episode end (an
         agent acting): a step that completes no row's chunk only joins the accumulator
         (``ops.htm_chunks.append_step``); one that completes a chunk in some row commits those rows' chunks
-        with selects (``ops.htm_chunks.append_step_and_commit``). ``completes``: whether a row's chunk may
+        as one column (``ops.htm_chunks.append_step_and_commit``). ``completes``: whether a row's chunk may
         complete (None: read from ``fill``; True is always correct), for a caller that decides once for
         several memories (``HTMTransformer``'s step)."""
         if completes is None:
@@ -743,9 +743,8 @@ class HTMTransformer(CausalCore):
         may read them (``_cached_kv``), and whether a chunk completes in some row of some memory (then every
         memory takes the write that commits, ``ops.htm_chunks.append_step_and_commit``). Eagerly they read
         values (``_read_step_choices``); compiled, the step takes the write that commits, which is always
-        correct, and reads the cache unchecked where it
-        continues an acting stretch, else none, so that its graph is whole (``layers.reads_cached_kv``;
-        docs/rl.md, "Compiled")."""
+        correct, and reads the cache unchecked where it continues an acting stretch, else none, so that its
+        graph is whole (``layers.reads_cached_kv``; docs/rl.md, "Compiled")."""
         if torch.compiler.is_compiling():  # the tag cache_version gives a compiled call (0), and a write
             cached = state.keys_values if reads_cached_kv() else None
             return cache_version(self._parameter_version, state.position), cached, True

@@ -10,7 +10,8 @@ This module builds those chunks and the mask of what each query may read:
 * ``append_step``: ``complete_chunks``'s accumulator for one step per row that completes no chunk (an agent's
   step, most of them), in a few ops.
 * ``append_step_and_commit``: ``complete_chunks`` then ``commit_chunks`` for one step per row without an
-  episode end, where a row's chunk may complete (an agent's step whose envs are out of phase), as selects.
+  episode end, where a row's chunk may complete (an agent's step whose envs are out of phase): the full
+  chunks committed as one column, without the stream of ``complete_chunks``.
 * ``partial_chunk``: the chunk being filled, committed early at an episode end (empty slots masked).
 * ``call_chunks``: every chunk a call commits, in commit order, with the step that commits it and that
   step's episode: ``complete_chunks`` without episode ends; with them, every step's offset in its
