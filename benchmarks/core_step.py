@@ -20,8 +20,8 @@ An agent drives its memory core in two ways (docs/design.md, "Episode boundaries
   with the LSTM's and the CPU attention kernel's formulas added; elementwise work is not counted) and
   ``aten ops`` (the tensor operations it dispatches, views included). On one CPU thread at these
   sizes a step's time follows its operation count more than its arithmetic.
-* **learning**: one call over a stored rollout ``x [B, 128, D]`` from the steady state, forward and
-  backward of ``mean(y^2)``, without and with episode ends inside it (``done``, each step with
+* **learning**: one call over a stored rollout ``x [B, 128, D]`` from the steady state (the same
+  ``--phase``), forward and backward of ``mean(y^2)``, without and with episode ends inside it (``done``, each step with
   probability 1/64); the ratio is (with dones) / (without). A core that refuses ``done`` (an
   exception on the first call) is listed with "refuses done" and its message (segment-mode
   Transformer-XL refuses it by design). With ``--compile BACKEND`` the call with dones also runs under
@@ -201,7 +201,7 @@ def time_learning(model, state, x: torch.Tensor, done: torch.Tensor | None) -> f
     return time.perf_counter() - start
 
 
-def _cores_and_states(cores, dim, depth, heads, batch, fill, seed, phase="staggered"):
+def _cores_and_states(cores, dim, depth, heads, batch, fill, seed, phase):
     generator = torch.Generator().manual_seed(seed)
     models = [build(core, dim, depth, heads, seed) for core in cores]
     return models, [steady_state(model, batch, dim, fill, generator, phase) for model in models]
@@ -249,13 +249,13 @@ def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1
 
 
 def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, length=128, fill=1024, repeats=5,
-                  seed=0, compile_backend: str | None = None) -> list[dict]:
+                  seed=0, compile_backend: str | None = None, phase: str = "staggered") -> list[dict]:
     """One row per core: ``ms`` of the rollout call without dones, ``ms_done`` with dones and ``ratio``
     (with / without); ``done_support`` False (``ms_done`` and ``ratio`` None, ``error`` the message)
     when the core raised on ``done``. With ``compile_backend`` each core that takes done is followed by
     its compiled twin's row (``torch.compile(dynamic=False)``, as PPO compiles its replay; timed with dones
     only): ``ms_done``, ``ratio`` to the eager ``ms_done``, ``max_diff`` of its outputs from eager's."""
-    models, states = _cores_and_states(cores, dim, depth, heads, batch, fill, seed)
+    models, states = _cores_and_states(cores, dim, depth, heads, batch, fill, seed, phase)
     generator = torch.Generator().manual_seed(seed + 2)
     x = torch.randn(batch, length, dim, generator=generator)
     done = torch.rand(batch, length, generator=generator) < DONE_PROBABILITY
@@ -347,7 +347,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=32, help="consecutive one-step calls per acting repeat")
     p.add_argument("--fill", type=int, default=1024, help="steps streamed before timing (the steady state)")
     p.add_argument("--phase", choices=PHASES, default="staggered",
-                   help="the acting rows' streams out of phase, as an agent's envs (default), or in phase")
+                   help="the steady state's rows out of phase, as an agent's envs (default), or in phase")
     p.add_argument("--rollout", type=int, default=128, help="steps of the learning call (0: skip it)")
     p.add_argument("--learn-repeats", type=int, default=5, help="timed repeats of the learning path")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -372,14 +372,14 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as err:
         parser.error(str(err))
     torch.set_num_threads(args.threads)
-    width = dict(dim=args.dim, depth=args.depth, heads=args.heads, batch=args.batch, fill=args.fill, seed=args.seed)
+    width = dict(dim=args.dim, depth=args.depth, heads=args.heads, batch=args.batch, fill=args.fill, seed=args.seed,
+                 phase=args.phase)  # the steady state both tables start from
     start = time.perf_counter()
     measured = Measured(log=print).start()
     # Every core's call is CausalCore.forward, whose compiled variants (a module, a shape, grad mode each)
     # dynamo counts together: past its limit of 8 it runs the rest eagerly. Room for every row's.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(CORES))
-    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, compile_backend=args.compile,
-                         phase=args.phase, **width)
+    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, compile_backend=args.compile, **width)
     print(f"acting: x [{args.batch}, 1, {args.dim}], depth {args.depth}, {args.heads} heads, state after "
           f"{args.fill} steps ({args.phase}), {torch.get_num_threads()} thread(s), inference_mode, median of "
           f"{args.repeats} x {args.steps} steps")
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
         learning = learning_rows(cores, length=args.rollout, repeats=args.learn_repeats,
                                  compile_backend=args.compile, **width)
         print(f"\nlearning: x [{args.batch}, {args.rollout}, {args.dim}] from the state after {args.fill} "
-              f"steps, forward + backward, dones with p = {DONE_PROBABILITY:.4f} per step, median of "
+              f"steps ({args.phase}), forward + backward, dones with p = {DONE_PROBABILITY:.4f} per step, median of "
               f"{args.learn_repeats}")
         print(format_learning(learning))
     print()
