@@ -51,7 +51,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from chronomem.layers import fixed_stretch, parameters_fixed
+from chronomem.layers import copy_state, fixed_stretch, parameters_fixed, state_donated
 from chronomem.registry import build_backbone
 from chronomem.threads import Measured
 
@@ -136,21 +136,30 @@ def acting_outputs(model, state, inputs: torch.Tensor) -> torch.Tensor:
     """The outputs ``[steps, B, 1, D]`` of ``inputs`` fed one call per step from ``state``, the steps one
     fixed stretch as an agent's acting is (``rl.acting.Acting``: a core compares its parameters with the
     ones its cache was made with once, not at every step, and a compiled core reads the cache of every
-    step after the first unchecked; ``layers.parameters_fixed``)."""
+    step after the first unchecked; ``layers.parameters_fixed``), and each step's input state donated to
+    it as ``Acting`` donates (``layers.state_donated``): the steps start from a copy, ``state`` stays."""
     with torch.inference_mode():
-        outputs, stretch = [], fixed_stretch()
-        for t, x in enumerate(inputs):
-            with parameters_fixed(stretch, continued=t > 0):
-                y, state = model(x, state=state)
-            outputs.append(y)
-        return torch.stack(outputs)
+        return _act(model, copy_state(state), inputs)
+
+
+def _act(model, state, inputs: torch.Tensor) -> torch.Tensor:
+    """``acting_outputs`` from ``state`` itself, which the steps may write into."""
+    outputs, stretch = [], fixed_stretch()
+    for t, x in enumerate(inputs):
+        with parameters_fixed(stretch, continued=t > 0), state_donated():
+            y, state = model(x, state=state)
+        outputs.append(y)
+    return torch.stack(outputs)
 
 
 def time_acting(model, state, inputs: torch.Tensor) -> float:
-    """Seconds per step of ``acting_outputs`` (the outputs' stack is one copy of a few kilobytes)."""
-    start = time.perf_counter()
-    acting_outputs(model, state, inputs)
-    return (time.perf_counter() - start) / len(inputs)
+    """Seconds per step of ``acting_outputs`` (its copy of the state outside the timing; the outputs' stack
+    is one copy of a few kilobytes)."""
+    with torch.inference_mode():
+        state = copy_state(state)
+        start = time.perf_counter()
+        _act(model, state, inputs)
+        return (time.perf_counter() - start) / len(inputs)
 
 
 def _lstm_layer_flops(input_shape, weight_ih, weight_hh, *args, out_shape=None, **kwargs) -> int:

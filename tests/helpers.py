@@ -51,7 +51,8 @@ def assert_cell_impls_agree(encoder: nn.Module, obs) -> None:
 def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch.Tensor, atol: float = 1e-5) -> None:
     """``core`` acting one step at a time on ``x [B, N, D]`` (episode ends ``done [B, N]``), without
     gradients, its steps one fixed stretch as ``rl.acting.Acting`` plays them (every step after the first
-    ``continued``: a compiled step then reads the cache unchecked, the first projects it again), under
+    ``continued``: a compiled step then reads the cache unchecked, the first projects it again; each step's
+    input state donated, ``layers.state_donated``, so that a compiled step may write into it), under
     ``torch.compile`` (``aot_eager``: traced, no code generated) gives eager's outputs step after step in
     whole graphs (no break: nothing read from a value), and eager's states but for the version tag of the
     cached keys and values (0: a compiled step names none, ``layers.cache_version``), so that an eager step
@@ -62,7 +63,7 @@ def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch
 
     from torch._dynamo.utils import counters
 
-    from chronomem.layers import fixed_stretch, parameters_fixed
+    from chronomem.layers import copy_state, fixed_stretch, parameters_fixed, state_donated
     from contract import assert_same_state
 
     def act(x, state, done):
@@ -76,7 +77,8 @@ def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch
     counters.clear()
     compiled = torch.compile(act, backend="aot_eager", dynamic=False)  # static, as PPO compiles
     with torch.inference_mode():  # as a rollout after PPO's first starts: from a state made while acting
-        eager_state = compiled_state = core.init_state(x.shape[0])
+        eager_state = core.init_state(x.shape[0])
+        compiled_state = copy_state(eager_state)
     try:
         for attempt in range(3):
             if attempt:
@@ -92,7 +94,8 @@ def assert_compiled_acting_matches(core: nn.Module, x: torch.Tensor, done: torch
                                                    act(step[0], eager_state, step[1])[0], atol=atol, rtol=atol)
                     with parameters_fixed(stretch, continued=t > 0):
                         want, eager_state = act(step[0], eager_state, step[1])
-                        got, compiled_state = compiled(step[0], compiled_state, step[1])
+                        with state_donated():
+                            got, compiled_state = compiled(step[0], compiled_state, step[1])
                     torch.testing.assert_close(got, want, atol=atol, rtol=atol, msg=f"output at step {t}")
                     assert_same_state(compiled_state, untagged(eager_state), atol, f"state after step {t}")
         breaks = list(counters["graph_break"])

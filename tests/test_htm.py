@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from chronomem.htm import HierarchicalMemory, HTMAttention, HTMTransformer
-from chronomem.layers import sinusoid_encoding
+from chronomem.layers import copy_state, sinusoid_encoding, state_donated
 from chronomem.ops import htm_chunks
 from chronomem.ops.htm_local import local_layout
 from chronomem.ops.htm_mix import DENSE_CHUNKS_PER_K, DENSE_MIN_QUERIES, GROUPED_MIN_PAIRS, READ_IMPLS
@@ -784,6 +784,42 @@ def test_one_step_path_equals_the_general_path_with_gradients(options, monkeypat
     for got, want in zip(grads_stepped, grads_whole, strict=True):
         torch.testing.assert_close(got, want, atol=1e-9, rtol=0)
     assert grads_whole[0][:, :4].abs().sum() > 0
+
+
+@pytest.mark.parametrize("options", [{}, {"shared_memory": True, "window": 1, "overlap": 1}])
+def test_a_donated_acting_step_writes_its_chunks_into_its_input_state(options):
+    """An acting step whose input state is donated (``layers.state_donated``, as ``rl.acting.Acting`` plays)
+    gives the outputs and states of one that is not, step after step: rows out of phase, full ring buffers
+    (a commit evicts the oldest chunk, which the step itself still reads) and an episode end. Where a chunk
+    completes it writes it into its input's ring buffer; the step that is not donated leaves its input as it
+    was."""
+    torch.manual_seed(17)
+    model = HTMTransformer(**{**SMALL, **options}).eval()
+    B, N = 3, 30
+    x = torch.randn(B, N, 16)
+    done = torch.zeros(B, N, dtype=torch.bool)
+    done[1, 17] = True
+    with torch.inference_mode():
+        lengths = torch.tensor([20, 14, 7])  # the rows at different fills of their chunks
+        _, state = model(torch.randn(B, 20, 16), mask=torch.arange(20)[None] < lengths[:, None])
+        donated, commits = copy_state(state), 0
+        for t in range(N):
+            step = (x[:, t : t + 1], None if t == 0 else done[:, t : t + 1])
+            before = copy_state(state)
+            want, state_after = model(step[0], state, done=step[1])
+            assert_same_state(state, before, 0, f"the input state of step {t}")  # left as it was
+            completes = bool(torch.stack([m.fill for m in donated.memories]).eq(SMALL["chunk_size"] - 1).any())
+            ring = donated.memories[0].contents
+            with state_donated():
+                got, donated = model(step[0], donated, done=step[1])
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+            assert_same_state(donated, state_after, 0, f"the state after step {t}")
+            if completes and not done[:, t].any():
+                assert donated.memories[0].contents is ring  # written where it was
+                assert state_after.memories[0].contents is not state.memories[0].contents
+                commits += 1
+            state = state_after
+    assert commits >= 5 and state.memories[0].valid.all()
 
 
 @pytest.mark.parametrize("options", [{}, {"shared_memory": True, "window": 1, "extra_length": 2, "overlap": 1}])

@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from chronomem.htm import HierarchicalMemory
+from chronomem.layers import copy_state
 from chronomem.ops.htm_chunks import (
     Accumulator,
     NewChunks,
+    RingBuffer,
     append_step,
     append_step_and_commit,
     call_chunks,
@@ -188,12 +190,14 @@ def test_append_step_is_complete_chunks_without_a_chunk(overlap):
 
 @pytest.mark.parametrize("overlap", [0, 1, 2])
 @pytest.mark.parametrize("compiling", [False, True])
-def test_append_step_and_commit_is_the_general_write_of_one_step(overlap, compiling, monkeypatch):
+@pytest.mark.parametrize("in_place", [False, True])
+def test_append_step_and_commit_is_the_general_write_of_one_step(overlap, compiling, in_place, monkeypatch):
     """``append_step_and_commit`` == ``complete_chunks`` then ``commit_chunks`` of one step per row, rows at
     fills C - 1 (the step completes their chunk, one of them into a full ring, evicting) and below (it only
     joins the accumulator), and == the naive references (``call_chunks_reference``,
-    ``commit_chunks_reference``). ``compiling``: the commit a graph runs (``commit_chunks_select``). The step
-    is stored detached."""
+    ``commit_chunks_reference``). ``compiling``: the commit a graph runs (``commit_chunks_select``).
+    ``in_place``: the column written into the ring buffer's own tensors (``commit_column_``), which hold the
+    result. The step is stored detached."""
     from chronomem.ops import htm_chunks
 
     monkeypatch.setattr(htm_chunks.torch.compiler, "is_compiling", lambda: compiling)
@@ -204,11 +208,14 @@ def test_append_step_and_commit_is_the_general_write_of_one_step(overlap, compil
     steps = torch.randn(B, C, D, generator=g, dtype=torch.float64)
     acc = Accumulator(steps * (torch.arange(C)[None, :] < fill[:, None])[..., None], fill, carried)
     x = torch.randn(B, 1, D, generator=g, dtype=torch.float64, requires_grad=True)
-    got_acc, got_ring = append_step_and_commit(acc, mem.ring, x, overlap)
+    donated = RingBuffer(*(t.clone() for t in mem.ring))
+    got_acc, got_ring = append_step_and_commit(acc, donated if in_place else mem.ring, x, overlap, in_place)
     new, want_acc = complete_chunks(acc, x, torch.ones(B, dtype=torch.long), overlap)
     want_ring = commit_chunks_reference(mem.ring, new)
     for name, tensor in want_ring._asdict().items():
         assert torch.equal(getattr(got_ring, name), tensor), name
+        if name != "committed":  # written where they were, or left as they were
+            assert (getattr(got_ring, name) is getattr(donated, name)) == in_place, name
     for name in Accumulator._fields:
         assert torch.equal(getattr(got_acc, name), getattr(want_acc, name)), name
     assert torch.equal(got_ring.committed - mem.ring.committed, torch.tensor([1, 0, 1]))
@@ -223,15 +230,18 @@ def test_append_step_and_commit_is_the_general_write_of_one_step(overlap, compil
 def test_memory_append_step_equals_write_at_every_step():
     """``HierarchicalMemory.append_step`` == ``write`` step after step, through chunks completing (the
     write that commits, ``append_step_and_commit``) and steps that complete none (``append_step``), rows at
-    different fills."""
+    different fills; and so does a donated memory's (``in_place``), whose ring buffer stays the tensors it
+    began with."""
     g = torch.Generator().manual_seed(4)
     mask = torch.tensor([[1, 1], [1, 0], [0, 0]]).bool()  # rows at fills 2, 1, 0
     slow = HierarchicalMemory.empty(B, 3, C, D, overlap=1, dtype=torch.float64)
     fast = slow = slow.write(torch.randn(B, 2, D, generator=g, dtype=torch.float64), mask=mask)
+    donated = copy_state(fast)  # its ring buffer written in place at every commit
+    contents = donated.contents
     for _ in range(3 * C + 1):
         x = torch.randn(B, 1, D, generator=g, dtype=torch.float64)
-        fast, slow = fast.append_step(x), slow.write(x)
+        fast, slow, donated = fast.append_step(x), slow.write(x), donated.append_step(x, in_place=True)
         for name, want in slow.__dict__.items():
-            got = getattr(fast, name)
-            assert torch.equal(got, want) if torch.is_tensor(want) else got == want, name
-    assert slow.valid.all()
+            for got in (getattr(fast, name), getattr(donated, name)):
+                assert torch.equal(got, want) if torch.is_tensor(want) else got == want, name
+    assert slow.valid.all() and donated.contents is contents

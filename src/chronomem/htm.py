@@ -136,6 +136,7 @@ from chronomem.layers import (
     RelativeAttention,
     any_or_compiling,
     cache_version,
+    donates_state,
     reads_cached_kv,
     sinusoid_encoding,
     variance_scaling_,
@@ -286,18 +287,20 @@ class HierarchicalMemory(RecurrentState):
         filling = filling._replace(accumulator=filling.accumulator.detach())  # the state holds no graph
         return replace(mem, **filling._asdict()), new
 
-    def append_step(self, x: Tensor, completes: bool | None = None) -> HierarchicalMemory:
+    def append_step(self, x: Tensor, completes: bool | None = None, in_place: bool = False) -> HierarchicalMemory:
         """``write_chunks(x, ones)`` of one step per row, ``x [B, 1, D]`` without padding or episode end (an
         agent acting): a step that completes no row's chunk only joins the accumulator
         (``ops.htm_chunks.append_step``); one that completes a chunk in some row commits those rows' chunks
         as one column (``ops.htm_chunks.append_step_and_commit``). ``completes``: whether a row's chunk may
         complete (None: read from ``fill``; True is always correct), for a caller that decides once for
-        several memories (``HTMTransformer``'s step)."""
+        several memories (``HTMTransformer``'s step). ``in_place``: the column is written into this
+        memory's ring buffer, which the returned memory then shares (a donated state,
+        ``layers.state_donated``)."""
         if completes is None:
             completes = bool((self.fill >= self.chunk_size - 1).any())
         if not completes:
             return replace(self, **append_step(self.filling, x)._asdict())
-        filling, ring = append_step_and_commit(self.filling, self.ring, x, self.overlap)
+        filling, ring = append_step_and_commit(self.filling, self.ring, x, self.overlap, in_place)
         return replace(self, **filling._asdict(), **ring._asdict())
 
     def commit(self, chunks: NewChunks) -> HierarchicalMemory:
@@ -767,16 +770,19 @@ class HTMTransformer(CausalCore):
         cfg = self.config
         version, cached, completes = self._step_choices(state)
         local = step_layout(state.position, window=cfg.window, extra_length=cfg.extra_length, cache=self.cache_length)
-        memories, caches, keys_values = [], [], []
+        stored, caches, keys_values = [], [], []
         for i, layer in enumerate(self.layers):
             memory = state.memories[0 if cfg.shared_memory else i]
             if i == 0 or not cfg.shared_memory:  # each layer stores its input (shared: the model's input)
-                memories.append(memory.append_step(x, completes))
+                stored.append((memory, x))
             chunks = ReadChunks(memory.keys, memory.contents, memory.slot_valid, memory.valid, None)
             context = torch.cat([state.caches[i].to(x.dtype), x], 1)
             caches.append(context[:, 1:])
             x, context_kv = layer(x, context, local, chunks, None if cached is None else cached[i])
             keys_values.append(context_kv[:, 1:])
+        # Stored after every layer has read: a donated state's ring buffer takes the step's chunks in place.
+        in_place = donates_state()
+        memories = [memory.append_step(step, completes, in_place) for memory, step in stored]
         position = state.position + 1
         if self.norm is not None:
             x = self.norm(x)

@@ -12,7 +12,8 @@ Every model in chronomem is built from these pieces, so each idea is written onc
 * ``FeedForward`` (GELU MLP), ``SelfAttentionBlock`` and ``CrossAttentionBlock`` (pre-LN residual).
 * ``sinusoid_encoding``: sin and cos halves concatenated, optionally with reversed positions.
 * Mask and padding helpers; the argument checks are ``chronomem.checks``.
-* ``RecurrentState``: ``detach()`` and ``reset(done)`` for dataclass states of batch-first tensors.
+* ``RecurrentState``: ``detach()`` and ``reset(done)`` for dataclass states of batch-first tensors;
+  ``concat_states``, ``copy_state``, and ``state_donated`` (calls that may write into their input state).
 
 Input rules shared by every public module (each checks its inputs at its entry with ``check_tensor``
 or ``check_token_ids``, so a bad input never fails inside a matmul):
@@ -626,6 +627,35 @@ def reads_cached_kv() -> bool:
     return ParameterVersion._continued if torch.compiler.is_compiling() else True
 
 
+class _Donation:
+    """Whether the calls being run may write into their input state (``state_donated``)."""
+
+    on = False
+
+
+@contextlib.contextmanager
+def state_donated():
+    """Run the block's calls on states that nothing reads after them: each call may write its new state
+    into its input state's tensors (``donates_state``), where a call otherwise leaves its input as it was
+    and makes new tensors. An acting loop owns its state so (``rl.acting.Acting``: each step's input state
+    is dropped when it returns), and a core whose state holds a large buffer then writes only what the step
+    changes: HTM's ring buffer of chunks takes one chunk per completing row, not a copy of every chunk (the
+    donation of JAX's ``donate_argnums``). A caller that keeps such a state past the next call keeps a copy
+    (``copy_state``)."""
+    outer, _Donation.on = _Donation.on, True
+    try:
+        yield
+    finally:
+        _Donation.on = outer
+
+
+def donates_state() -> bool:
+    """Whether a call may write into its input state (inside ``state_donated``, without gradients: a call
+    with gradients keeps its input for the backward). Under ``torch.compile`` dynamo guards the flag, so
+    a core has a graph for each."""
+    return _Donation.on and not torch.is_grad_enabled()
+
+
 def _map_tensors(value: Any, fn) -> Any:
     if isinstance(value, Tensor):
         return fn(value)
@@ -707,6 +737,12 @@ def _concat_tree(values: Sequence[Any]) -> Any:
         fields = {f.name: _concat_tree([getattr(v, f.name) for v in values]) for f in dataclasses.fields(first)}
         return dataclasses.replace(first, **fields)
     return first
+
+
+def copy_state(state: Any) -> Any:
+    """``state`` with every tensor copied: a state that stays as it is while the original is donated to
+    later calls (``state_donated``)."""
+    return _map_tensors(state, torch.clone)
 
 
 def concat_states(states: Sequence[Any]):

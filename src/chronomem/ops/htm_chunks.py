@@ -20,6 +20,7 @@ This module builds those chunks and the mask of what each query may read:
 * ``commit_chunks``: the ring buffer after committing chunks in order (chunk number ``committed`` goes to
   slot ``committed % M``, evicting the oldest) as one indexed write per field (under ``torch.compile``,
   ``commit_chunks_select``: one select per chunk column); ``commit_chunks_reference`` puts them one by one.
+  ``commit_column_`` writes one column into the ring buffer's own tensors (a donated state's).
 * ``chunks_to_read``: the stored chunks and the call's new ones, with the per-query mask of the
   visibility rule (``chronomem.htm``'s module docstring). ``chunks_to_read_reference`` replays the ring
   buffer for each query.
@@ -166,14 +167,15 @@ def append_step(acc: Accumulator, x: Tensor) -> Accumulator:
     return Accumulator(torch.where(slot[..., None], x.detach(), acc.accumulator), acc.fill + 1, acc.carried)
 
 
-def append_step_and_commit(acc: Accumulator, memory: RingBuffer, x: Tensor,
-                           overlap: int) -> tuple[Accumulator, RingBuffer]:
+def append_step_and_commit(acc: Accumulator, memory: RingBuffer, x: Tensor, overlap: int,
+                           in_place: bool = False) -> tuple[Accumulator, RingBuffer]:
     """The accumulator and ring buffer after appending one step per row, ``x [B, 1, D]`` (detached), where
     any row's chunk may complete (``fill == C - 1``; an agent's step whose envs are out of phase, or any
     compiled one): ``complete_chunks`` then ``commit_chunks`` for one step, without the stream a call of
     many steps builds. A step completes at most one chunk per row: its accumulator with the step in slot
     ``fill``, committed whole (every slot valid, its key the mean) as one column; where it completes, the
-    accumulator keeps its last ``overlap`` steps (carried)."""
+    accumulator keeps its last ``overlap`` steps (carried). ``in_place``: the column is written into
+    ``memory``'s tensors (``commit_column_``), which then hold the returned ring buffer."""
     C = acc.accumulator.shape[1]
     x = x.detach()  # Section 2: stop gradients flowing into the memory
     slots = torch.arange(C, device=x.device)
@@ -186,7 +188,7 @@ def append_step_and_commit(acc: Accumulator, memory: RingBuffer, x: Tensor,
     filled = Accumulator(torch.where(completes[:, None, None], carried_over, chunk),
                          torch.where(completes, overlap, acc.fill + 1),
                          torch.where(completes, overlap, acc.carried))
-    return filled, commit_chunks(memory, column)
+    return filled, commit_column_(memory, column) if in_place else commit_chunks(memory, column)
 
 
 def partial_chunk(acc: Accumulator, done: Tensor) -> NewChunks:
@@ -363,6 +365,28 @@ def commit_chunks_select(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:
         chunk_id = torch.where(at, committed[:, None], chunk_id)
         committed = committed + chunks.valid[:, j]
     return RingBuffer(keys, contents, slot_valid, valid, chunk_id, committed)
+
+
+def commit_column_(memory: RingBuffer, column: NewChunks) -> RingBuffer:
+    """``commit_chunks`` of one column of chunks (an acting step's, ``append_step_and_commit``) written into
+    ``memory``'s tensors in place: each row's slot ``committed % M`` is read, selected with the row's chunk
+    where it is valid, and written back, a chunk per row and field instead of a new ring buffer (``memory``
+    must be donated: ``layers.state_donated``). Returns the ring buffer, its tensors ``memory``'s but
+    ``committed``. No shape depends on values, so it compiles as it runs eagerly."""
+    B, M = memory.valid.shape
+    rows, slot = torch.arange(B, device=memory.valid.device), memory.committed % M
+    valid = column.valid[:, 0]
+
+    def put_(stored: Tensor, new: Tensor) -> None:
+        kept = stored[rows, slot]
+        stored[rows, slot] = torch.where(valid.view(B, *[1] * (kept.dim() - 1)), new.to(stored.dtype), kept)
+
+    put_(memory.keys, column.keys[:, 0])
+    put_(memory.contents, column.contents[:, 0])
+    put_(memory.slot_valid, column.slots[:, 0])
+    put_(memory.valid, valid)
+    put_(memory.chunk_id, memory.committed)
+    return memory._replace(committed=memory.committed + valid)
 
 
 def commit_chunks_reference(memory: RingBuffer, chunks: NewChunks) -> RingBuffer:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from chronomem.layers import fixed_stretch, parameters_fixed
+from chronomem.layers import fixed_stretch, parameters_fixed, state_donated
 
 __all__ = ["Acting", "ActingStep", "act", "as_tensor", "drawn", "final_observations", "most_likely", "obs_map",
            "sampled"]
@@ -124,7 +124,12 @@ class Acting:
     are one ``layers.parameters_fixed`` stretch, so a core that caches keys and values compares its
     parameters once, at the first step, not at every step; and every step after the first continues the
     stretch from the state the one before left (``continued``), so that a compiled core reads the keys and
-    values cached in it without checking them (``layers.reads_cached_kv``)."""
+    values cached in it without checking them (``layers.reads_cached_kv``).
+
+    ``Acting`` owns ``state`` from here on: each step donates its input state to the agent
+    (``layers.state_donated``), so a core may write the step into it (HTM's ring buffer of chunks). A state
+    it hands out (``state``, ``ActingStep.state``) holds its values until the next step; a caller that
+    keeps one longer keeps ``layers.copy_state`` of it."""
 
     def __init__(self, agent, envs, obs, state, choose: Choose = sampled):
         mode = envs.metadata.get("autoreset_mode")
@@ -144,7 +149,7 @@ class Acting:
 
     @torch.inference_mode()
     def step(self) -> ActingStep:
-        with self.in_stretch():
+        with self.in_stretch(), state_donated():
             action, logprob, value, state, obs_t = act(self.agent, self.obs, self.state, self.choose)
         self.continued = True
         tic = time.perf_counter()

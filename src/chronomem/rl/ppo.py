@@ -75,7 +75,7 @@ from torch import Tensor, nn
 from chronomem.agents import ActorCritic, heads_watched
 from chronomem.encoders import encoder_for
 from chronomem.envs.make import env_seeds, make_vector_env
-from chronomem.layers import concat_states
+from chronomem.layers import concat_states, copy_state
 from chronomem.rl.acting import Acting, act, as_tensor, final_observations, obs_map, sampled
 from chronomem.rl.settings import Args
 from chronomem.threads import threads_set_to
@@ -318,7 +318,7 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
     acting = Acting(agent, envs, next_obs, state, choose=sampled)  # resets the ended rows' state
     for t in range(T):
         if t % (window or T) == 0:
-            window_states.append(acting.state)
+            window_states.append(copy_state(acting.state))  # the steps write into acting's own
         step = acting.step()
         for key, buffer in (obs.items() if isinstance(obs, dict) else [(None, obs)]):
             buffer[:, t] = step.obs if key is None else step.obs[key]
