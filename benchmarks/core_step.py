@@ -14,7 +14,8 @@ An agent drives its memory core in two ways (docs/design.md, "Episode boundaries
   and the ratio to the LSTM's step. Every repeat starts from the same steady state, so memories
   that grow with time (MemRNN, MemLSTM: every past step) are timed at ``--fill`` steps. With
   ``--compile BACKEND`` each core also runs under ``torch.compile(backend=BACKEND)`` (the same module
-  and state, timed in the same rounds; the warm-up round compiles), and its outputs are compared
+  and state, timed in the same rounds; the warm-up round compiles; ``--cpp-wrapper``: inductor's C++
+  wrapper, as ``--compile-cpp-wrapper``), and its outputs are compared
   with the eager ones (``max_diff``). Beside the time, the work of an acting step, counted over the same
   steps: ``MFLOP`` (the floating-point operations of its matrix products, torch's ``FlopCounterMode``
   with the LSTM's and the CPU attention kernel's formulas added; elementwise work is not counted) and
@@ -54,6 +55,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from chronomem.layers import copy_state, fixed_stretch, parameters_fixed, state_donated
 from chronomem.registry import build_backbone
 from chronomem.threads import Measured
+from chronomem.train.compile import compiled as compile_module
 
 REFERENCE = "lstm"  # every ratio of the acting table is to this core's step
 FILL_CALL = 64  # steps per call while filling the memory (a multiple of every chunk size here)
@@ -217,7 +219,8 @@ def _cores_and_states(cores, dim, depth, heads, batch, fill, seed, phase):
 
 
 def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1024, steps=32, repeats=20,
-                seed=0, compile_backend: str | None = None, phase: str = "staggered") -> list[dict]:
+                seed=0, compile_backend: str | None = None, phase: str = "staggered",
+                cpp_wrapper: bool = False) -> list[dict]:
     """One row per core: ``ms`` per step (median over repeats), ``env_steps_per_s`` and ``ratio`` to the
     reference core's eager ``ms`` (``REFERENCE``, which ``cores`` must hold); ``compiled`` None;
     ``mflop`` and ``operations`` per step (``acting_work``) and ``flop_ratio`` to the reference's. With
@@ -232,7 +235,8 @@ def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1
     for core, model, state in zip(cores, models, states, strict=True):
         runs.append((core, None, model, state))
         if compile_backend is not None:
-            runs.append((core, compile_backend, torch.compile(model, backend=compile_backend), state))
+            fast = compile_module(model, True, backend=compile_backend, cpp_wrapper=cpp_wrapper)
+            runs.append((core, compile_backend, fast, state))
     seconds = [[] for _ in runs]
     for repeat in range(repeats + 1):  # the first round is a warm-up (and compiles)
         for index, (_, _, model, state) in enumerate(runs):
@@ -258,7 +262,8 @@ def acting_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, fill=1
 
 
 def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, length=128, fill=1024, repeats=5,
-                  seed=0, compile_backend: str | None = None, phase: str = "staggered") -> list[dict]:
+                  seed=0, compile_backend: str | None = None, phase: str = "staggered",
+                  cpp_wrapper: bool = False) -> list[dict]:
     """One row per core: ``ms`` of the rollout call without dones, ``ms_done`` with dones and ``ratio``
     (with / without); ``done_support`` False (``ms_done`` and ``ratio`` None, ``error`` the message)
     when the core raised on ``done``. With ``compile_backend`` each core that takes done is followed by
@@ -279,7 +284,8 @@ def learning_rows(cores: list[Core], *, dim=64, depth=2, heads=4, batch=16, leng
     if compile_backend is not None:
         for index, model in enumerate(models):
             if index not in errors:
-                compiled[index] = torch.compile(model, backend=compile_backend, dynamic=False)
+                compiled[index] = compile_module(model, True, backend=compile_backend, dynamic=False,
+                                                 cpp_wrapper=cpp_wrapper)
                 time_learning(compiled[index], states[index], x, done)  # the warm-up compiles
     plain, with_done = [[] for _ in cores], [[] for _ in cores]
     compiled_done = {index: [] for index in compiled}
@@ -363,6 +369,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", default=None, metavar="BACKEND",
                    help="also time each core's acting step and learning call (with dones) under "
                    "torch.compile(backend=BACKEND), e.g. inductor")
+    p.add_argument("--cpp-wrapper", action="store_true",
+                   help="with --compile inductor: the code calling each graph's kernels in C++ (--compile-cpp-wrapper)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="OUT", help="write the config and both tables here")
     return p
@@ -388,7 +396,10 @@ def main(argv: list[str] | None = None) -> dict:
     # Every core's call is CausalCore.forward, whose compiled variants (a module, a shape, grad mode each)
     # dynamo counts together: past its limit of 8 it runs the rest eagerly. Room for every row's.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 8 * len(CORES))
-    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, compile_backend=args.compile, **width)
+    if args.cpp_wrapper and args.compile != "inductor":
+        parser.error(f"--cpp-wrapper needs --compile inductor, got --compile {args.compile}")
+    compiling = dict(compile_backend=args.compile, cpp_wrapper=args.cpp_wrapper)
+    acting = acting_rows(cores, steps=args.steps, repeats=args.repeats, **compiling, **width)
     print(f"acting: x [{args.batch}, 1, {args.dim}], depth {args.depth}, {args.heads} heads, state after "
           f"{args.fill} steps ({args.phase}), {torch.get_num_threads()} thread(s), inference_mode, median of "
           f"{args.repeats} x {args.steps} steps")
@@ -396,7 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
     learning = []
     if args.rollout:
         learning = learning_rows(cores, length=args.rollout, repeats=args.learn_repeats,
-                                 compile_backend=args.compile, **width)
+                                 **compiling, **width)
         print(f"\nlearning: x [{args.batch}, {args.rollout}, {args.dim}] from the state after {args.fill} "
               f"steps ({args.phase}), forward + backward, dones with p = {DONE_PROBABILITY:.4f} per step, median of "
               f"{args.learn_repeats}")

@@ -82,8 +82,8 @@ def test_compiled_rows_follow_their_eager_rows_with_the_outputs_compared(monkeyp
 
     # a compiled step that computes something else shows in max_diff
     real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model, backend: (lambda x, state: (
-        lambda y, s: (y + 1, s))(*real_compile(model, backend=backend)(x, state=state))))
+    monkeypatch.setattr(torch, "compile", lambda model, backend, **options: (lambda x, state: (
+        lambda y, s: (y + 1, s))(*real_compile(model, backend=backend, **options)(x, state=state))))
     rows = core_step.acting_rows(cores[:1], steps=2, repeats=1, compile_backend="eager", **TINY)
     assert rows[1]["max_diff"] == pytest.approx(1.0)
 
@@ -148,6 +148,9 @@ def test_main_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         core_step.main(["--dim", "10", "--heads", "4"])
     assert "--heads must divide --dim" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        core_step.main(["--cpp-wrapper", "--compile", "eager"])
+    assert "--cpp-wrapper needs --compile inductor, got --compile eager" in capsys.readouterr().err
 
 
 def test_the_kv_cache_benchmark_compares_two_paths_that_agree(capsys):

@@ -25,11 +25,12 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("core", registry_cores())
-def test_a_compiled_agent_acts_as_the_eager_one(core):
+def assert_acts_as_eager(core: str, **compile_settings) -> None:
+    """The agent compiled with ``compile_settings`` takes eager's sampled actions and values over six steps
+    with episode ends between them, its weights shared."""
     agent, envs = agent_and_envs(core)
     try:
-        model = compiled(agent, tiny_args(core, **COMPILE))
+        model = compiled(agent, tiny_args(core, **compile_settings))
         assert model is not agent and next(model.parameters()) is next(agent.parameters())  # shared weights
         obs, _ = envs.reset(seed=[0, 1, 2, 3])
         eager_state = compiled_state = agent.initial_state(4, "cpu")
@@ -46,6 +47,23 @@ def test_a_compiled_agent_acts_as_the_eager_one(core):
                 eager_state, compiled_state = eager_state.reset(done), compiled_state.reset(done)
     finally:
         envs.close()
+
+
+@pytest.mark.parametrize("core", registry_cores())
+def test_a_compiled_agent_acts_as_the_eager_one(core):
+    assert_acts_as_eager(core, **COMPILE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("core", ["lstm", "htm"])
+def test_an_agent_compiled_with_inductor_and_its_cpp_wrapper_acts_as_the_eager_one(core):
+    """``--compile-cpp-wrapper``: inductor's generated kernels, called from generated C++."""
+    assert_acts_as_eager(core, compile=True, compile_cpp_wrapper=True)
+
+
+def test_the_cpp_wrapper_needs_inductor():
+    with pytest.raises(ValueError, match="cpp_wrapper needs the inductor backend, got 'aot_eager'"):
+        compiled(torch.nn.Linear(2, 2), tiny_args("lstm", compile_cpp_wrapper=True, **COMPILE))
 
 
 def test_without_compile_the_agent_is_itself():

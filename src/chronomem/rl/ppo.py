@@ -710,7 +710,8 @@ def compiled(agent: ActorCritic, args: Args) -> nn.Module:
     (``dynamic=False``): an acting step ``[B, 1]`` and a replay ``[n, window]``, one graph each."""
     from chronomem.train.compile import compiled as compile_module
 
-    return compile_module(agent, args.compile, args.compile_mode, args.compile_backend, dynamic=False)
+    return compile_module(agent, args.compile, args.compile_mode, args.compile_backend, dynamic=False,
+                          cpp_wrapper=args.compile_cpp_wrapper)
 
 
 def stop_reached(row: dict[str, Any], args: Args) -> bool:

@@ -112,6 +112,9 @@ class Args:
     compile_backend: str = setting("inductor", "torch.compile's backend with --compile ('aot_eager' traces and "
                                    "differentiates the graphs without generating code: what the CPU tests use)",
                                    resumable=True)
+    compile_cpp_wrapper: bool = setting(False, "with --compile and inductor: the code that calls each graph's "
+                                        "kernels in C++, not Python (fewer microseconds per call: an acting "
+                                        "step; longer compiles)", resumable=True)
 
     def __post_init__(self):
         check_settings(self)  # each field's bounds and choices, as declared above

@@ -9,19 +9,29 @@ compiled ones (docs/rl.md "Compiled"), so every model compiles.
 from __future__ import annotations
 
 import torch
+import torch._inductor
 from torch import nn
 
 from chronomem.config import COMPILE_MODES
 
 
 def compiled(module: nn.Module, enabled: bool, mode: str = "default", backend: str = "inductor",
-             dynamic: bool | None = None) -> nn.Module:
+             dynamic: bool | None = None, cpp_wrapper: bool = False) -> nn.Module:
     """``torch.compile(module, mode=, backend=, dynamic=)`` if ``enabled``, else ``module``. ``mode``: one of
     ``COMPILE_MODES`` ("reduce-overhead": CUDA graphs); ``backend``: ``"inductor"``, or ``"aot_eager"``
     (traced and differentiated without generated code: the CPU tests); ``dynamic``: False where every
-    call has one of a few fixed shapes (PPO), None to let torch decide (padded batches of many lengths)."""
+    call has one of a few fixed shapes (PPO), None to let torch decide (padded batches of many lengths).
+    ``cpp_wrapper`` (inductor only): the code that calls a graph's kernels is generated in C++, not Python,
+    so a call of many small kernels (an acting step) spends fewer microseconds between them; each graph
+    takes longer to compile."""
     if not enabled:
         return module
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
-    return torch.compile(module, backend=backend, mode=None if mode == "default" else mode, dynamic=dynamic)
+    if not cpp_wrapper:
+        return torch.compile(module, backend=backend, mode=None if mode == "default" else mode, dynamic=dynamic)
+    if backend != "inductor":
+        raise ValueError(f"cpp_wrapper needs the inductor backend, got {backend!r}")
+    # torch.compile takes a mode or options, not both: the mode's options, with the C++ wrapper
+    options = {**torch._inductor.list_mode_options(mode), "cpp_wrapper": True}
+    return torch.compile(module, backend=backend, options=options, dynamic=dynamic)

@@ -71,6 +71,9 @@ class TrainConfig:
                                 "(CUDA graphs) or 'max-autotune'", resumable=True, choices=COMPILE_MODES)
     compile_backend: str = setting("inductor", "torch.compile's backend with --compile ('aot_eager': traced and "
                                    "differentiated without generated code, as the CPU tests)", resumable=True)
+    compile_cpp_wrapper: bool = setting(False, "with --compile and inductor: the code that calls each graph's "
+                                        "kernels in C++, not Python (fewer microseconds per call: an acting "
+                                        "step; longer compiles)", resumable=True)
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -289,7 +292,8 @@ def train(
         ddp_model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
     # the training steps run compiled (batches of many lengths: torch decides what is dynamic); the
     # evaluations call the model itself
-    ddp_model = compiled(ddp_model, cfg.compile, cfg.compile_mode, cfg.compile_backend)
+    ddp_model = compiled(ddp_model, cfg.compile, cfg.compile_mode, cfg.compile_backend,
+                         cpp_wrapper=cfg.compile_cpp_wrapper)
 
     history: list[dict[str, Any]] = [] if restored is None else restored.logged()  # the run's, resumed
     eval_bs = cfg.eval_batch_size or cfg.batch_size
