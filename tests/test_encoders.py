@@ -82,6 +82,21 @@ def test_minigrid_encoder_bad_input(change, error, message):
         encoder(torch.zeros(2, 3, 7, 7, 3))
 
 
+def test_a_compiled_encoder_checks_its_ids_without_a_graph_break():
+    """Under ``torch.compile`` the id check reads no value (so no graph break, and on a GPU no sync per step): an
+    assert the device checks, which still refuses an id out of range."""
+    torch._dynamo.reset()
+    encoder = MiniGridEncoder(8, vocab_size=20, max_words=8)
+    compiled = torch.compile(encoder, backend="aot_eager", fullgraph=True)  # a break would raise
+    try:
+        obs = grid_obs()
+        torch.testing.assert_close(compiled(obs), encoder(obs))
+        with pytest.raises(RuntimeError, match=r"obs\['direction'\] must hold indices in \[0, 4\)"):
+            compiled({**obs, "direction": torch.full((2, 3), 4)})
+    finally:
+        torch._dynamo.reset()
+
+
 def test_feature_encoder_and_encoder_for():
     gym = pytest.importorskip("gymnasium")
     box = gym.spaces.Box(0, 1, (5,))

@@ -193,7 +193,10 @@ def _check_ids(x, name: str, shape: tuple, high) -> Tensor:
         raise ValueError(f"{name} must have shape {doc}, got {tuple(x.shape)}")
     x = x.long()
     bound = torch.tensor(high, device=x.device) if isinstance(high, tuple) else high
-    if bool(((x < 0) | (x >= bound)).any()):
+    outside = (x < 0) | (x >= bound)
+    if torch.compiler.is_compiling():  # a graph reads no value: an assert the device checks (a GPU, unsynced)
+        torch._assert_async(~outside.any(), f"{name} must hold indices in [0, {high})")
+    elif bool(outside.any()):
         raise ValueError(f"{name} must hold indices in [0, {high}), got values in [{int(x.min())}, {int(x.max())}]")
     return x
 
