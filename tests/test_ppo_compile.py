@@ -62,7 +62,7 @@ def test_an_agent_compiled_with_inductor_and_its_cpp_wrapper_acts_as_the_eager_o
 
 
 def test_the_cpp_wrapper_needs_inductor():
-    with pytest.raises(ValueError, match="cpp_wrapper needs the inductor backend, got 'aot_eager'"):
+    with pytest.raises(ValueError, match="--compile-cpp-wrapper needs --compile-backend inductor, got 'aot_eager'"):
         compiled(torch.nn.Linear(2, 2), tiny_args("lstm", compile_cpp_wrapper=True, **COMPILE))
 
 

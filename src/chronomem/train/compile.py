@@ -9,7 +9,6 @@ compiled ones (docs/rl.md "Compiled"), so every model compiles.
 from __future__ import annotations
 
 import torch
-import torch._inductor
 from torch import nn
 
 from chronomem.config import COMPILE_MODES
@@ -31,7 +30,9 @@ def compiled(module: nn.Module, enabled: bool, mode: str = "default", backend: s
     if not cpp_wrapper:
         return torch.compile(module, backend=backend, mode=None if mode == "default" else mode, dynamic=dynamic)
     if backend != "inductor":
-        raise ValueError(f"cpp_wrapper needs the inductor backend, got {backend!r}")
+        raise ValueError(f"--compile-cpp-wrapper needs --compile-backend inductor, got {backend!r}")
+    from torch._inductor import list_mode_options  # inductor's import is slow: only where it is used
+
     # torch.compile takes a mode or options, not both: the mode's options, with the C++ wrapper
-    options = {**torch._inductor.list_mode_options(mode), "cpp_wrapper": True}
+    options = {**list_mode_options(mode), "cpp_wrapper": True}
     return torch.compile(module, backend=backend, options=options, dynamic=dynamic)
