@@ -39,7 +39,8 @@ PARTS = ("act", "learn", "env")  # PPO's seconds_<part> of an update
 
 def settings(modes: list[str], backend: str, cpp_wrapper: bool) -> list[tuple[str, dict]]:
     """(label, PPO settings) of eager and of each compiled mode."""
-    compiled = [(f"compiled {mode}", dict(compile=True, compile_mode=mode, compile_backend=backend,
+    suffix = " + C++ wrapper" if cpp_wrapper else ""
+    compiled = [(f"compiled {mode}{suffix}", dict(compile=True, compile_mode=mode, compile_backend=backend,
                                           compile_cpp_wrapper=cpp_wrapper)) for mode in modes]
     return [("eager", dict(compile=False)), *compiled]
 
@@ -112,8 +113,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for label, changes in settings(args.modes, args.backend, args.cpp_wrapper):
                 torch._dynamo.reset()  # each compiled setting compiles its own graphs
                 row = measure(args.scale, core, num_envs, args.updates, changes, args.device, args.threads)
-                rows.append({"setting": label + (" + C++ wrapper" if args.cpp_wrapper and changes["compile"] else ""),
-                             **row})
+                rows.append({"setting": label, **row})
                 print(table(rows).splitlines()[-1], flush=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     print(f"\nballet-rl's {args.scale} agent on {device}, medians of {args.updates} updates after the first; "
