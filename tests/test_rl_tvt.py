@@ -17,12 +17,22 @@ def test_the_tracker_keeps_the_reported_successes_of_ended_episodes():
     tracker.step(np.array([1.0, 2.0, 3.0]), np.array([False, False, False]), {})
     final = {"success": np.array([True, False, False]), "_success": np.array([True, False, True])}
     tracker.step(np.array([10.0, 0.0, 1.0]), np.array([True, False, True]), {"final_info": final})
-    finished, successes = tracker.take()
-    assert finished == [(11.0, 2), (4.0, 2)] and successes == [1.0, 0.0]
-    assert tracker.take() == ([], [])
+    finished, successes, whole = tracker.take()
+    assert finished == [(11.0, 2), (4.0, 2)] and successes == [1.0, 0.0] and whole == []
+    assert tracker.take() == ([], [], [])
     # a truncation ends no game: its row reports no success and counts for the return alone
     tracker.step(np.zeros(3), np.array([True, False, False]), {"final_info": {"phase": np.array([2, 0, 0])}})
-    assert tracker.take() == ([(0.0, 1)], [])
+    assert tracker.take() == ([(0.0, 1)], [], [])
+
+
+def test_the_tracker_says_which_episodes_lay_whole_in_one_replayed_window():
+    tracker = EpisodeTracker(2)
+    tracker.step(np.zeros(2), np.array([False, False]), window_steps=3)  # the window's third step
+    tracker.step(np.zeros(2), np.array([True, False]), window_steps=1)  # a new window: row 0's 2 steps straddle it
+    tracker.step(np.zeros(2), np.array([True, True]), window_steps=2)  # row 0's 1 step inside; row 1's 3 not
+    assert tracker.take()[2] == [0.0, 1.0, 0.0]
+    tracker.step(np.zeros(2), np.array([False, True]), window_steps=3)  # row 1: 1 step in a window of 3 so far
+    assert tracker.take()[2] == [1.0]
 
 
 def test_a_logged_row_has_the_success_rate_of_the_judged_episodes():
@@ -32,7 +42,33 @@ def test_a_logged_row_has_the_success_rate_of_the_judged_episodes():
     _, row = reduce_stats({"loss": 1.0}, [(1.0, 5), (3.0, 7)], ctx, "cpu", [1.0, 0.0, 1.0, 1.0])
     assert row == {"return_mean": 2.0, "length_mean": 6.0, "episodes": 2, "success_rate": 0.75}
     _, row = reduce_stats({"loss": 1.0}, [(1.0, 5)], ctx, "cpu")
-    assert "success_rate" not in row
+    assert "success_rate" not in row and "episodes_whole" not in row
+    _, row = reduce_stats({"loss": 1.0}, [(1.0, 5), (3.0, 7), (0.0, 2), (0.0, 2)], ctx, "cpu", (), [1.0, 0.0, 0.0, 0.0])
+    assert row["episodes_whole"] == 0.25
+
+
+@pytest.mark.parametrize("num_steps, window", [(70, None), (36, None), (64, None), (70, 35), (70, 14)])
+def test_the_share_of_whole_episodes_follows_the_rollout_length(num_steps, window):
+    """Visual Match's episodes at distractor 5 are 35 steps, every one (each phase ends on a timer), and the
+    envs start together: with rollouts of two episodes every episode is replayed whole; with 36 or 64 steps an
+    episode is cut wherever a rollout starts inside it; with windows (``recurrence``) the windows count."""
+    from chronomem.envs.make import make_vector_env
+    from chronomem.rl.ppo import collect
+
+    env_id, length, rollouts = visual_match_id("passive", 5), 35, 40
+    agent, envs = tiny_agent(env_id), make_vector_env(env_id, 2)
+    obs, _ = envs.reset(seed=0)
+    state, tracker, whole = agent.initial_state(2), EpisodeTracker(2), []
+    for _ in range(rollouts):
+        _, obs, state = collect(agent, envs, obs, state, num_steps, tracker, window)
+        finished, _, flags = tracker.take()
+        assert {n for _, n in finished} <= {length}
+        whole += flags
+    envs.close()
+    ends = range(length - 1, rollouts * num_steps, length)  # the steps that end an episode, from the first reset
+    expected = [float(end % (window or num_steps) >= length - 1) for end in ends for _ in range(2)]
+    assert whole == expected and len(expected) > 0
+    assert (sum(whole) == len(whole)) == ((window or num_steps) % length == 0)
 
 
 @pytest.mark.parametrize("env_id", [visual_match_id("passive", 30), visual_match_id("active", 30, observation="pixels"),

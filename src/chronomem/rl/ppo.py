@@ -178,28 +178,36 @@ class Rollout:
 class EpisodeTracker:
     """Returns and lengths of the episodes as they end, and their ``success`` where the env reports one
     in the ended episode's info (Visual Match's choice, Key-to-Door's door: logged as ``success_rate``
-    beside the return, which mixes the choice with the apples)."""
+    beside the return, which mixes the choice with the apples), and whether each lay whole in one
+    replayed window (``episodes_whole``: only then does the gradient of its last steps reach its first;
+    a window's start state is stored, so no gradient crosses it)."""
 
     def __init__(self, num_envs: int):
         self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
         self.finished: list[tuple[float, int]] = []
         self.successes: list[float] = []
+        self.whole: list[float] = []
 
-    def step(self, rewards: np.ndarray, done: np.ndarray, info: dict | None = None) -> None:
+    def step(self, rewards: np.ndarray, done: np.ndarray, info: dict | None = None,
+             window_steps: int | None = None) -> None:
+        """``window_steps``: the steps of the replayed window so far, this one included (None: not known)."""
         self.returns += rewards
         self.lengths += 1
         for i in np.flatnonzero(done):
             self.finished.append((float(self.returns[i]), int(self.lengths[i])))
+            if window_steps is not None:
+                self.whole.append(float(self.lengths[i] <= window_steps))
         self.returns[done], self.lengths[done] = 0.0, 0
         final = (info or {}).get("final_info") or {}
         if "success" in final:
             self.successes += final["success"][final["_success"]].astype(float).tolist()
 
-    def take(self) -> tuple[list[tuple[float, int]], list[float]]:
-        """The ``(return, length)`` and the successes of the episodes ended since the last take."""
-        finished, successes = self.finished, self.successes
-        self.finished, self.successes = [], []
-        return finished, successes
+    def take(self) -> tuple[list[tuple[float, int]], list[float], list[float]]:
+        """The ``(return, length)``, the successes and the whole-in-one-window flags (1.0 or 0.0) of the
+        episodes ended since the last take."""
+        taken = self.finished, self.successes, self.whole
+        self.finished, self.successes, self.whole = [], [], []
+        return taken
 
 
 class StallWatch:
@@ -341,7 +349,7 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
                 _, _, final_value, _, _ = act(agent, final_observations(acting.obs, info, rows), step.state)
             buffers["final_values"][index, t] = final_value[index]
         if tracker is not None:
-            tracker.step(step.reward, term | trunc, info)
+            tracker.step(step.reward, term | trunc, info, window_steps=t % (window or T) + 1)
     next_obs, state = acting.obs, acting.state
     with torch.inference_mode(), acting.in_stretch():  # the state its last step left
         _, _, next_value, _, _ = act(agent, next_obs, state)
@@ -634,7 +642,8 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         history: list[dict[str, Any]] = [] if restored is None else restored.logged()  # the run's, resumed
         update = frames // frames_per_update
         saved_update = update if restored is not None else None
-        start, window_start, window_frames, window, outcomes = time.perf_counter(), time.perf_counter(), 0, [], []
+        start, window_start, window_frames = time.perf_counter(), time.perf_counter(), 0
+        window, outcomes, wholes = [], [], []  # the episodes ended since the last logged row
         split = dict.fromkeys(("env", "act", "learn"), 0.0)  # the window's seconds in each part of the loop
         while update < num_updates:
             update += 1
@@ -654,9 +663,10 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             split["learn"] += time.perf_counter() - toc
             frames += frames_per_update
             window_frames += frames_per_update
-            ended, succeeded = tracker.take()
+            ended, succeeded, whole = tracker.take()
             window += ended
             outcomes += succeeded
+            wholes += whole
             # one rank's view (its KL and episodes): a stall is a property of the shared weights
             stalled = stall.step(stats["approx_kl"], [r for r, _ in ended], stats["entropy"], lr / args.lr)
             if stalled:
@@ -666,7 +676,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             seconds = seconds_before + time.perf_counter() - start
             if update % args.log_every == 0 or update == num_updates or stalled:
                 elapsed = time.perf_counter() - window_start
-                stats, episodes = reduce_stats(stats, window, ctx, device, outcomes)
+                stats, episodes = reduce_stats(stats, window, ctx, device, outcomes, wholes)
                 row = {"step": frames, "split": "train", "update": update, **episodes,
                        **{k: round(v, 6) for k, v in stats.items()}, "lr": lr,
                        "sps": round(window_frames / max(elapsed, 1e-9)), "seconds": round(seconds, 2),
@@ -680,7 +690,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
                 if stall.warned:
                     shown["STALLED"] = "(see above)"
                 reporter.update(frames, {**shown, "speed": f"{row['sps']:.0f} frames/s"})
-                window_start, window_frames, window, outcomes = time.perf_counter(), 0, [], []
+                window_start, window_frames, window, outcomes, wholes = time.perf_counter(), 0, [], [], []
                 split = dict.fromkeys(split, 0.0)
                 # every rank reads the same averaged row, so the ranks stop together
                 reached = stop_reached(row, args)
@@ -731,21 +741,24 @@ def stop_reached(row: dict[str, Any], args: Args) -> bool:
 
 
 def reduce_stats(stats: dict[str, float], episodes: list[tuple[float, int]], ctx: Context, device,
-                 successes: list[float] = ()):
+                 successes: list[float] = (), whole: list[float] = ()):
     """``(stats, episode columns)`` of one logged row: the statistics averaged over the ranks, the mean
-    return and length over the episodes that ended on all ranks, and the success rate of those whose env
-    reports one (one all-reduce; identity alone)."""
-    sums = [sum(r for r, _ in episodes), sum(n for _, n in episodes), len(episodes), sum(successes), len(successes)]
+    return and length over the episodes that ended on all ranks, the success rate of those whose env
+    reports one, and the share that lay whole in one replayed window (``whole``: a flag per episode, or
+    none; one all-reduce; identity alone)."""
+    sums = [sum(r for r, _ in episodes), sum(n for _, n in episodes), len(episodes), sum(successes), len(successes),
+            sum(whole)]
     reduced = all_reduce_mean(torch.tensor([*stats.values(), *sums], dtype=torch.float64, device=device), ctx)
     reduced = reduced.cpu().tolist()
     stats = dict(zip(stats, reduced[: len(stats)], strict=True))
-    total_return, total_length, count, total_success, judged = (value * ctx.world_size
-                                                                for value in reduced[len(stats):])
+    total_return, total_length, count, total_success, judged, total_whole = (value * ctx.world_size
+                                                                             for value in reduced[len(stats):])
     count, judged = round(count), round(judged)
     if not count:
         return stats, {"episodes": 0}
     return stats, {"return_mean": round(total_return / count, 4), "length_mean": round(total_length / count, 2),
-                   "episodes": count, **({"success_rate": round(total_success / judged, 4)} if judged else {})}
+                   "episodes": count, **({"success_rate": round(total_success / judged, 4)} if judged else {}),
+                   **({"episodes_whole": round(total_whole / count, 4)} if whole else {})}
 
 
 def _trainer_state(frames: int, optimizer, seconds: float) -> dict[str, Any]:
