@@ -745,20 +745,20 @@ def reduce_stats(stats: dict[str, float], episodes: list[tuple[float, int]], ctx
     """``(stats, episode columns)`` of one logged row: the statistics averaged over the ranks, the mean
     return and length over the episodes that ended on all ranks, the success rate of those whose env
     reports one, and the share that lay whole in one replayed window (``whole``: a flag per episode, or
-    none; one all-reduce; identity alone)."""
+    none), each over all ranks, so every rank logs the same columns (one all-reduce; identity alone)."""
     sums = [sum(r for r, _ in episodes), sum(n for _, n in episodes), len(episodes), sum(successes), len(successes),
-            sum(whole)]
+            sum(whole), len(whole)]
     reduced = all_reduce_mean(torch.tensor([*stats.values(), *sums], dtype=torch.float64, device=device), ctx)
     reduced = reduced.cpu().tolist()
     stats = dict(zip(stats, reduced[: len(stats)], strict=True))
-    total_return, total_length, count, total_success, judged, total_whole = (value * ctx.world_size
-                                                                             for value in reduced[len(stats):])
-    count, judged = round(count), round(judged)
+    total_return, total_length, count, total_success, judged, total_whole, flagged = (
+        value * ctx.world_size for value in reduced[len(stats):])
+    count, judged, flagged = round(count), round(judged), round(flagged)
     if not count:
         return stats, {"episodes": 0}
     return stats, {"return_mean": round(total_return / count, 4), "length_mean": round(total_length / count, 2),
                    "episodes": count, **({"success_rate": round(total_success / judged, 4)} if judged else {}),
-                   **({"episodes_whole": round(total_whole / count, 4)} if whole else {})}
+                   **({"episodes_whole": round(total_whole / flagged, 4)} if flagged else {})}
 
 
 def _trainer_state(frames: int, optimizer, seconds: float) -> dict[str, Any]:
