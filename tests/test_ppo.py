@@ -161,6 +161,65 @@ def test_no_gradient_crosses_a_window_start():
         assert bool(reached) == crosses
 
 
+@pytest.mark.parametrize("core", registry_cores())
+def test_replay_after_the_previous_tail_recomputes_the_acting_log_probabilities_and_values(core):
+    """replay_context: the replay runs the previous rollout's last K steps first, from the state stored at
+    their start, and drops their outputs; with the acting weights it rebuilds the state the rollout started
+    from, so the rollout's log-probabilities and values are the acted ones: with K = 2 of 12 (an episode runs
+    through some row's whole tail into the rollout, so the stored state counts) and K = 12 (the whole previous
+    rollout, episode ends inside)."""
+    agent, envs = agent_and_envs(core)
+    obs, _ = envs.reset(seed=[31, 32, 33, 34])
+    state = agent.initial_state(4)
+    for steps in (2, 12):
+        previous, obs, state = collect(agent, envs, obs, state, 12, context_steps=steps)
+        rollout, obs, state = collect(agent, envs, obs, state, 12, context=previous.tail(steps))
+        ended = rollout.context.done.any(1)  # per row: an episode ended in its tail
+        assert rollout.context.done.shape == (4, steps) and ended.any() and (steps == 12 or not ended.all())
+        with torch.no_grad():
+            for rows in ([0, 1], [3, 2, 0]):
+                logprobs, _, values, _ = replay(agent, rollout, torch.tensor(rows))
+                torch.testing.assert_close(logprobs, rollout.logprobs[rows], atol=1e-5, rtol=0)
+                torch.testing.assert_close(values, rollout.values[rows], atol=1e-5, rtol=0)
+    envs.close()
+
+
+def test_the_replay_context_carries_the_gradient_back_to_the_current_episodes_start():
+    """The values at a rollout's first step depend, through the LSTM's state, on the context's steps of the
+    episode running there, and on none before its start (an episode end in the context resets the state)."""
+    agent, envs = agent_and_envs("lstm")
+    obs, _ = envs.reset(seed=[5, 6, 7, 8])
+    previous, obs, state = collect(agent, envs, obs, agent.initial_state(4), 12, context_steps=8)
+    rollout, _, _ = collect(agent, envs, obs, state, 12, context=previous.tail(8))
+    envs.close()
+    rollout.obs = rollout.obs.float()
+    context = rollout.context
+    context.obs = context.obs.float().requires_grad_(True)
+    _, _, values, _ = replay(agent, rollout, torch.arange(4))
+    values[:, 0].sum().backward()
+    reached = context.obs.grad.flatten(2).abs().sum(-1) > 0  # [B, K]
+    for row in range(4):
+        ends = torch.nonzero(context.done[row]).flatten().tolist()
+        start = ends[-1] + 1 if ends else 0  # the context's first step of the episode running at step 0
+        assert reached[row].tolist() == [step >= start for step in range(8)]
+    assert reached.any() and not reached.all()
+
+
+def test_replay_context_trains_and_is_checked():
+    result = train(tiny_args(replay_context=5, total_frames=96))
+    assert result.frames == 96 and all(np.isfinite(row["approx_kl"]) for row in result.history)
+    with pytest.raises(ValueError, match="--replay-context replays whole rollouts: .* --recurrence 4"):
+        tiny_args(replay_context=4, recurrence=4)
+    with pytest.raises(ValueError, match="--replay-context must be at most --num-steps 12"):
+        tiny_args(replay_context=13)
+    agent, envs = agent_and_envs("lstm")
+    obs, _ = envs.reset(seed=[1, 2, 3, 4])
+    rollout, _, _ = collect(agent, envs, obs, agent.initial_state(4), 12)
+    envs.close()
+    with pytest.raises(ValueError, match="kept no tail state"):
+        rollout.tail(4)
+
+
 def test_recurrence_must_divide_the_rollout():
     with pytest.raises(ValueError, match="--recurrence must be a positive integer that divides --num-steps 12"):
         tiny_args(recurrence=5)

@@ -47,28 +47,36 @@ def test_a_logged_row_has_the_success_rate_of_the_judged_episodes():
     assert row["episodes_whole"] == 0.25
 
 
-@pytest.mark.parametrize("num_steps, window", [(70, None), (36, None), (64, None), (70, 35), (70, 14)])
-def test_the_share_of_whole_episodes_follows_the_rollout_length(num_steps, window):
+@pytest.mark.parametrize("num_steps, window, context", [(70, None, 0), (36, None, 0), (64, None, 0), (70, 35, 0),
+                                                       (70, 14, 0), (32, None, 32), (36, None, 4)])
+def test_the_share_of_whole_episodes_follows_the_rollout_length(num_steps, window, context):
     """Visual Match's episodes at distractor 5 are 35 steps, every one (each phase ends on a timer), and the
     envs start together: with rollouts of two episodes every episode is replayed whole; with 36 or 64 steps an
-    episode is cut wherever a rollout starts inside it; with windows (``recurrence``) the windows count."""
+    episode is cut wherever a rollout starts inside it; with windows (``recurrence``) the windows count; with a
+    replay context (``replay_context``) the previous rollout's last steps count too, from the second rollout on."""
     from chronomem.envs.make import make_vector_env
     from chronomem.rl.ppo import collect
 
     env_id, length, rollouts = visual_match_id("passive", 5), 35, 40
     agent, envs = tiny_agent(env_id), make_vector_env(env_id, 2)
     obs, _ = envs.reset(seed=0)
-    state, tracker, whole = agent.initial_state(2), EpisodeTracker(2), []
+    state, tracker, whole, tail = agent.initial_state(2), EpisodeTracker(2), [], None
     for _ in range(rollouts):
-        _, obs, state = collect(agent, envs, obs, state, num_steps, tracker, window)
+        rollout, obs, state = collect(agent, envs, obs, state, num_steps, tracker, window, context=tail,
+                                      context_steps=context)
+        tail = rollout.tail(context) if context else None
         finished, _, flags = tracker.take()
         assert {n for _, n in finished} <= {length}
         whole += flags
     envs.close()
     ends = range(length - 1, rollouts * num_steps, length)  # the steps that end an episode, from the first reset
-    expected = [float(end % (window or num_steps) >= length - 1) for end in ends for _ in range(2)]
+    replayed = [end % (window or num_steps) + 1 + (context if end >= num_steps else 0) for end in ends]
+    expected = [float(steps >= length) for steps in replayed for _ in range(2)]
     assert whole == expected and len(expected) > 0
-    assert (sum(whole) == len(whole)) == ((window or num_steps) % length == 0)
+    if not context:
+        assert (sum(whole) == len(whole)) == ((window or num_steps) % length == 0)
+    else:  # whole unless it ends too early in its rollout: at its first 2 steps (32 + 32), before its 31st (36 + 4)
+        assert 0 < sum(whole) < len(whole)
 
 
 @pytest.mark.parametrize("env_id", [visual_match_id("passive", 30), visual_match_id("active", 30, observation="pixels"),

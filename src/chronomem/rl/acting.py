@@ -30,9 +30,12 @@ __all__ = ["Acting", "ActingStep", "act", "as_tensor", "drawn", "final_observati
            "sampled"]
 
 
-def obs_map(fn, obs):
-    """``fn`` applied to an observation's tensor(s): one array, or each value of a dict."""
-    return {key: fn(value) for key, value in obs.items()} if isinstance(obs, dict) else fn(obs)
+def obs_map(fn, obs, *others):
+    """``fn`` applied to an observation's tensor(s): one array, or each value of a dict; with ``others``
+    (observations of the same kind), ``fn`` takes the matching tensor of each too."""
+    if isinstance(obs, dict):
+        return {key: fn(value, *(other[key] for other in others)) for key, value in obs.items()}
+    return fn(obs, *others)
 
 
 def as_tensor(obs, device) -> Any:

@@ -30,9 +30,14 @@ One update:
    with k = 16) truncates back-propagation through time: the ``T / k`` windows of a minibatch's
    sequences are replayed side by side in one call ``[b * T / k, k]``, each from the state stored while
    acting at its first step, so no gradient crosses a window's start. The default replays whole
-   rollouts (``k = T``). ``minibatch="windows"`` draws the minibatches from all ``B * T / k`` windows
-   (torch-ac's composition) instead of whole env sequences. Loss: the clipped surrogate (PPO eq. 7),
-   the clipped value loss (CleanRL's), minus the entropy bonus, plus the agent's weighted
+   rollouts (``k = T``), so no gradient crosses the rollout's start either: where a choice and the cue it
+   needs fall in two rollouts, its gradient cannot reach the cue. ``replay_context = K`` (a deviation,
+   off by default) replays each rollout after the previous rollout's last ``K`` steps, from the state
+   stored at their first step: those steps are not scored, but the gradient flows back through them
+   (truncated back-propagation with an overlap, Williams & Peng 1990's BPTT(h; h') with h = T + K and
+   h' = T), at ``(T + K) / T`` of the replay's cost. ``minibatch="windows"`` draws the minibatches from
+   all ``B * T / k`` windows (torch-ac's composition) instead of whole env sequences. Loss: the clipped
+   surrogate (PPO eq. 7), the clipped value loss (CleanRL's), minus the entropy bonus, plus the agent's weighted
    reconstruction loss when it has one (paper 001 App. A.1, ``ActorCritic(reconstruction=w)``);
    advantages optionally normalised per minibatch (``norm_adv``); gradient norm clipped; the learning
    rate annealed linearly to 0 over the run. A policy that stops moving (``approx_kl`` below
@@ -169,10 +174,30 @@ class Rollout:
     state: Any  # the agent's state at the start of each window of ``window`` steps, window-major [T / window * B]
     env_seconds: float = 0.0  # of the rollout's time, the seconds spent in envs.step
     window: int | None = None  # steps per replayed window (``recurrence``); None: the whole rollout, one window
+    context: Tail | None = None  # the previous rollout's last steps, replayed before this one's (replay_context)
+    tail_state: Any = None  # the state at the start of this rollout's last ``replay_context`` steps
 
     @property
     def done(self) -> Tensor:
         return self.terminated | self.truncated
+
+    def tail(self, steps: int) -> Tail:
+        """This rollout's last ``steps`` steps: the context of the next rollout's replay."""
+        if self.tail_state is None:
+            raise ValueError("the rollout kept no tail state: collect it with context_steps")
+        return Tail(obs_map(lambda x: x[:, -steps:], self.obs), self.done[:, -steps:], self.tail_state)
+
+
+@dataclass
+class Tail:
+    """The last ``K`` steps of a rollout, which the next rollout's replay runs first (``Args.replay_context``):
+    their observations ``[B, K, ...]``, episode ends ``[B, K]`` and the agent's state at their first step, as
+    it acted. Replayed with the current weights, they rebuild the state the next rollout started from (the
+    same state while the weights are those that acted) with a gradient path through them."""
+
+    obs: Any
+    done: Tensor
+    state: Any
 
 
 class EpisodeTracker:
@@ -306,10 +331,13 @@ def step_share(info: dict, key: str) -> np.ndarray:
 
 
 def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: EpisodeTracker | None = None,
-            window: int | None = None, timeout: str = "truncation", reward_part: str | None = None):
+            window: int | None = None, timeout: str = "truncation", reward_part: str | None = None,
+            context: Tail | None = None, context_steps: int = 0):
     """One rollout of ``num_steps`` steps from ``next_obs`` (the envs' current observations) and the
     agent's ``state``; returns ``(rollout, next_obs, state)`` to continue from. ``window``: keep the
     state at the start of every window of that many steps (default: the rollout's start only).
+    ``context`` (the previous rollout's ``tail``) is replayed before this rollout's steps; ``context_steps``:
+    keep the state at the start of this rollout's last that many steps, for the next one's context.
     ``timeout="failure"`` stores a time-limit truncation as a termination (``Args.timeout``); ``reward_part``
     (``Args.reward_part``) stores each step's reward as that info key's part and the rest. No per-environment
     Python on the hot path: the observations become tensors once per step, actions go to the envs as
@@ -323,10 +351,14 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
     terminated, truncated = (torch.zeros(B, T, dtype=torch.bool, device=device) for _ in range(2))
     obs = obs_map(lambda x: x.new_zeros((B, T, *x.shape[1:])), as_tensor(next_obs, device))
     window_states = []  # the state each window of the replay starts from, as the agent had it
+    tail_state = None
+    replayed_before = 0 if context is None else context.done.shape[1]  # steps of a replayed call before this one's
     acting = Acting(agent, envs, next_obs, state, choose=sampled)  # resets the ended rows' state
     for t in range(T):
         if t % (window or T) == 0:
             window_states.append(copy_state(acting.state))  # the steps write into acting's own
+        if context_steps and t == T - context_steps:
+            tail_state = copy_state(acting.state)
         step = acting.step()
         for key, buffer in (obs.items() if isinstance(obs, dict) else [(None, obs)]):
             buffer[:, t] = step.obs if key is None else step.obs[key]
@@ -349,12 +381,13 @@ def collect(agent: ActorCritic, envs, next_obs, state, num_steps: int, tracker: 
                 _, _, final_value, _, _ = act(agent, final_observations(acting.obs, info, rows), step.state)
             buffers["final_values"][index, t] = final_value[index]
         if tracker is not None:
-            tracker.step(step.reward, term | trunc, info, window_steps=t % (window or T) + 1)
+            tracker.step(step.reward, term | trunc, info, window_steps=t % (window or T) + 1 + replayed_before)
     next_obs, state = acting.obs, acting.state
     with torch.inference_mode(), acting.in_stretch():  # the state its last step left
         _, _, next_value, _, _ = act(agent, next_obs, state)
     rollout = Rollout(obs, actions, terminated=terminated, truncated=truncated, next_value=next_value.clone(),
-                      state=concat_states(window_states), window=window, env_seconds=acting.env_seconds, **buffers)
+                      state=concat_states(window_states), window=window, env_seconds=acting.env_seconds,
+                      context=context, tail_state=tail_state, **buffers)
     return rollout, next_obs, state
 
 
@@ -402,11 +435,19 @@ def replay_windows(agent: ActorCritic, rollout: Rollout,
     ``windows`` (indices ``w * B + b`` of window ``w`` of env ``b``), recomputed in one call ``[n, window]``,
     each window from the state stored while acting at its first step, with its episode ends inside the
     call; and the agent's weighted reconstruction loss over those steps (paper 001 App. A.1; None when
-    the agent has none). Without ``recurrence`` a window is a whole rollout (``W = 1``)."""
+    the agent has none). Without ``recurrence`` a window is a whole rollout (``W = 1``). With a ``context``
+    (``replay_context``, whole rollouts only) each row's call starts at the context's first step, from the
+    state stored there, and its outputs over the context's steps are dropped: they are not scored, but the
+    gradient of the rollout's steps flows back through them (and the reconstruction loss covers them)."""
     window = rollout.window or rollout.actions.shape[1]
     obs = obs_map(lambda x: as_windows(x, window)[windows], rollout.obs)
-    logits, values, _, auxiliary = agent(obs, rollout.state.select(windows),
-                                         done=as_windows(rollout.done, window)[windows], return_auxiliary=True)
+    done, state, skip = as_windows(rollout.done, window)[windows], rollout.state, 0
+    if rollout.context is not None:  # W = 1: a window index is an env row
+        context, skip = rollout.context, rollout.context.done.shape[1]
+        obs = obs_map(lambda x, before: torch.cat([before[windows], x], 1), obs, context.obs)
+        done, state = torch.cat([context.done[windows], done], 1), context.state
+    logits, values, _, auxiliary = agent(obs, state.select(windows), done=done, return_auxiliary=True)
+    logits, values = logits[:, skip:], values[:, skip:]
     logp = F.log_softmax(logits, -1)
     logprobs = logp.gather(-1, as_windows(rollout.actions, window)[windows].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
@@ -636,6 +677,7 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
         model = compiled(agent, args)  # what acts and replays; ``agent`` holds the weights and is saved
         next_obs, _ = envs.reset(seed=env_seeds(args.seed + ctx.rank, frames, args.num_envs))
         state = agent.initial_state(args.num_envs, device)
+        context = None  # the previous rollout's tail (replay_context); none before the first, or after a resume
         tracker = EpisodeTracker(args.num_envs)
         stall = StallWatch(args.stall_updates, args.stall_kl, max_entropy=math.log(envs.single_action_space.n))
         dead_heads = DeadHeadsWatch(args.stall_updates)
@@ -653,7 +695,8 @@ def _train(args: Args, core_options: dict[str, Any], resume, device: torch.devic
             agent.eval()  # acting and replay must compute the same function (no dropout)
             tic = time.perf_counter()
             rollout, next_obs, state = collect(model, envs, next_obs, state, args.num_steps, tracker, args.recurrence,
-                                               args.timeout, args.reward_part)
+                                               args.timeout, args.reward_part, context, args.replay_context)
+            context = rollout.tail(args.replay_context) if args.replay_context else None
             toc = time.perf_counter()
             advantages, returns = gae(rollout, args.gamma, args.gae_lambda)
             with differentiable_on_cudnn(agent):

@@ -36,6 +36,10 @@ class Args:
     recurrence: int | None = setting(None, "truncated back-propagation: replay windows of this many steps, each "
                                      "from the state stored while acting (torch-ac's recurrence; it must divide "
                                      "--num-steps); default: whole rollouts", low=1)
+    replay_context: int = setting(0, "replay each rollout after the last K steps of the one before, from the state "
+                                  "stored at their start: gradients reach K steps back across the rollout's "
+                                  "start, those steps unscored (truncated BPTT with an overlap; a deviation, "
+                                  "docs/rl.md 'Replay context'); 0: none", low=0)
     async_envs: bool = setting(False, "step the environments in subprocesses (AsyncVectorEnv)", resumable=True)
     vectorization: str | None = setting(None, "how the envs are batched: 'native' (one env class steps all B with "
                                         "array operations: Ballet, CueRecall), 'sync' or 'async' (Gymnasium's "
@@ -121,6 +125,12 @@ class Args:
         if self.recurrence is not None and self.num_steps % self.recurrence:
             raise ValueError(f"--recurrence must be a positive integer that divides --num-steps {self.num_steps}, "
                              f"got {self.recurrence!r}")
+        if self.replay_context and self.recurrence is not None:
+            raise ValueError("--replay-context replays whole rollouts: it cannot be combined with --recurrence "
+                             f"{self.recurrence}")
+        if self.replay_context > self.num_steps:
+            raise ValueError(f"--replay-context must be at most --num-steps {self.num_steps} (it replays the end of "
+                             f"the rollout before), got {self.replay_context}")
         windows = self.num_envs * (self.num_steps // self.recurrence if self.recurrence else 1)
         if self.minibatch == "windows" and windows % self.num_minibatches:
             raise ValueError(f"--num-minibatches {self.num_minibatches} must divide the rollout's {windows} windows "
