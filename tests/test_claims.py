@@ -536,7 +536,7 @@ def problems(claim: Claim, produced: dict[str, set[str]]) -> list[str]:
 CLAIMED = ("copy-baselines", "transfer-copy", "denoise", "ballet", "pai", "listops", "listops-length",
            "resolution-transfer", "resolution-transfer-learned", "lm", "minigrid-transfer", "ballet-rl", "babyai",
            "babyai-multi", "popgym", "visual-match", "ssl", "decision-transformer", "listops-length-easy",
-           "key-to-door", "popgym-harder", "visual-match-d30")
+           "key-to-door", "popgym-harder", "visual-match-d30", "visual-match-d30-whole")
 
 
 @pytest.mark.parametrize("name", CLAIMED)

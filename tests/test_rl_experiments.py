@@ -507,3 +507,22 @@ def test_visual_match_d30_is_quick_at_30_with_twice_the_episodes_and_a_floor_and
     assert saved["core_options"]["relevance_floor"] == 0.6 and saved["core_options"]["read_gate"] == 0.0
     assert set(results["results"]) == set(results["control"]["learned"]) == {"mlp", "htm-floor-gate"}
     assert results["experiment"] == "visual-match-d30"
+
+
+def test_visual_match_d30_whole_is_d30_quick_with_rollouts_of_two_whole_episodes(tmp_path):
+    """visual-match-d30-whole: visual-match-d30's quick settings, frames and control but rollouts of 120 steps, a
+    multiple of the 60-step episode, for the memoryless agent, the LSTM and htm-floor-gate-final-norm; its smoke
+    scale runs those three rows and their control."""
+    from chronomem.experiments.visual_match import D30_SCALES, WHOLE_SCALES, episode_length
+
+    d30, whole = D30_SCALES["quick"], WHOLE_SCALES["quick"]
+    assert whole.ppo == {**d30.ppo, "num_steps": 120} and d30.ppo["num_steps"] == 128
+    assert whole.ppo["num_steps"] % episode_length(30) == 0 and d30.ppo["num_steps"] % episode_length(30)
+    assert (whole.distractors, whole.frames(30), whole.control_frames) == (d30.distractors, d30.frames(30),
+                                                                          d30.control_frames)
+    assert whole.models == {m: d30.models[m] for m in ("mlp", "lstm", "htm-floor-gate-final-norm")}
+    results = run_experiment(get_experiment("visual-match-d30-whole"), "smoke", tmp_path, progress=False)
+    rows = {"mlp", "lstm", "htm-floor-gate-final-norm"}
+    assert set(results["results"]) == set(results["control"]["learned"]) == rows
+    saved = json.loads((tmp_path / "d5" / "htm-floor-gate-final-norm-seed0" / "config.json").read_text())
+    assert saved["core_options"]["final_norm"] is True and saved["core_options"]["relevance_floor"] == 0.6
